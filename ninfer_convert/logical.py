@@ -22,7 +22,6 @@ FP8_E4M3FN_ROW_BF16S               :class:`FP8RowWords`: ``codes`` uint8 E4M3FN 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
@@ -55,4 +54,4 @@ class FP8RowWords:
     scales: npt.NDArray[np.uint16]
 
 
-LogicalTensor = Union[DirectWords, GroupedCodes, NVFP4Words, FP8RowWords]
+LogicalTensor = DirectWords | GroupedCodes | NVFP4Words | FP8RowWords

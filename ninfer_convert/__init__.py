@@ -1,0 +1,35 @@
+"""ninfer-convert: checkpoint converter and verifier for the NInfer inference engine.
+
+Stable public API (other tools call these names):
+
+* :data:`FORMATS`, :func:`lookup_format` - the closed registry of the nine numeric formats.
+* :func:`encode_grouped` - the canonical MAXABS_F16_RECIP_RNE_V1 encoder (oracle/numpy/torch).
+* :func:`dequantize_grouped` - the binary32 reconstruction oracle of the grouped formats.
+"""
+
+from __future__ import annotations
+
+from .dequant import dequantize_grouped, dequantize_logical
+from .encoder import encode_grouped, encode_grouped_words
+from .errors import NinferError
+from .formats import ENCODER_PROFILES, FORMATS, lookup_format, lookup_profile
+from .logical import DirectWords, FP8RowWords, GroupedCodes, NVFP4Words
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ENCODER_PROFILES",
+    "FORMATS",
+    "DirectWords",
+    "FP8RowWords",
+    "GroupedCodes",
+    "NVFP4Words",
+    "NinferError",
+    "__version__",
+    "dequantize_grouped",
+    "dequantize_logical",
+    "encode_grouped",
+    "encode_grouped_words",
+    "lookup_format",
+    "lookup_profile",
+]

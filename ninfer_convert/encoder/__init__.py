@@ -1,0 +1,122 @@
+"""The canonical grouped encoder MAXABS_F16_RECIP_RNE_V1 with three parity-checked backends.
+
+``oracle`` (bit-level, exact rational arithmetic; the reference), ``numpy`` (production host
+encoder) and ``torch`` (same algorithm on CPU or CUDA).  All three return identical codes and
+binary16 scale words for every input; a non-finite source value or a scale that overflows
+binary16 raises :class:`~ninfer_convert.errors.EncodeError` naming the row, group and column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import EncodeError, UsageError
+from ..formats import NumericFormat
+from ..logical import GroupedCodes
+from .common import SourceDtype, check_words, grouped_format, nonfinite_error, overflow_error
+from .numpy_backend import encode_numpy
+from .oracle import OracleFailure, encode_oracle
+
+__all__ = ["BACKENDS", "SourceDtype", "encode_grouped", "encode_grouped_words"]
+
+BACKENDS = ("oracle", "numpy", "torch")
+
+
+def encode_grouped_words(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: str | NumericFormat,
+    *,
+    backend: str = "numpy",
+    device: Any = None,
+    tensor: str | None = None,
+    threads: int = 2,
+) -> GroupedCodes:
+    """Encode an [N, K] array of source *words* (BF16/F16 as uint16, F32 as uint32/float32)."""
+    entry = grouped_format(fmt)
+    check_words(words, source_dtype)
+    if backend == "numpy":
+        return encode_numpy(words, source_dtype, entry, tensor=tensor, threads=threads)
+    if backend == "torch":
+        from .torch_backend import encode_torch
+
+        return encode_torch(words, source_dtype, entry, device=device, tensor=tensor)
+    if backend == "oracle":
+        return _encode_with_oracle(words, source_dtype, entry, tensor)
+    raise UsageError(
+        f"unknown encoder backend {backend!r}", hint="use one of " + ", ".join(BACKENDS)
+    )
+
+
+def _encode_with_oracle(
+    words: npt.NDArray[np.generic], source_dtype: str, fmt: NumericFormat, tensor: str | None
+) -> GroupedCodes:
+    from ..words import bf16_to_f32_words, f16_to_f32_words
+
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    w = np.asarray(words)
+    if source_dtype == "BF16":
+        f32_words = bf16_to_f32_words(w.astype(np.uint16))
+    elif source_dtype == "F16":
+        f32_words = f16_to_f32_words(w.astype(np.uint16))
+    else:
+        f32_words = np.ascontiguousarray(w).view(np.uint32)
+    try:
+        codes, scales = encode_oracle(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
+    except OracleFailure as exc:
+        if exc.column >= 0:
+            word = int(w[exc.row, exc.column])
+            raise nonfinite_error(
+                tensor, exc.row, exc.group, exc.column, word, source_dtype
+            ) from None
+        raise overflow_error(tensor, exc.row, exc.group, exc.raw_scale) from None
+    return GroupedCodes(codes=codes, scales=scales)
+
+
+def encode_grouped(
+    values: Any,
+    format: str | NumericFormat,
+    *,
+    backend: str = "numpy",
+    device: Any = None,
+) -> GroupedCodes:
+    """Public API: encode a 2-D numpy float32/float16 array or a torch bf16/f16/f32 tensor.
+
+    Returns :class:`~ninfer_convert.logical.GroupedCodes` with ``codes`` (int8 [N, K]) and
+    ``scales`` (uint16 binary16 words [N, ceil(K/G)]).
+    """
+    if isinstance(values, np.ndarray):
+        if values.dtype == np.float32:
+            return encode_grouped_words(
+                values.view(np.uint32), "F32", format, backend=backend, device=device
+            )
+        if values.dtype == np.float16:
+            return encode_grouped_words(
+                values.view(np.uint16), "F16", format, backend=backend, device=device
+            )
+        raise EncodeError(
+            f"encode_grouped takes float32 or float16 numpy arrays, got {values.dtype}",
+            hint="for BF16 words use encode_grouped_words(words, 'BF16', format)",
+        )
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        kinds = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+        if values.dtype not in kinds:
+            raise EncodeError(f"encode_grouped takes bf16/f16/f32 tensors, got {values.dtype}")
+        kind = kinds[values.dtype]
+        if backend == "torch":
+            entry = grouped_format(format)
+            if values.ndim != 2 or values.shape[0] <= 0 or values.shape[1] <= 0:
+                check_words(np.empty(tuple(values.shape), dtype=np.uint16), kind)
+            from .torch_backend import encode_torch
+
+            return encode_torch(values, kind, entry, device=device)
+        cpu = values.detach().contiguous().cpu()
+        width = torch.int32 if kind == "F32" else torch.int16
+        words = cpu.view(width).numpy().view(np.uint32 if kind == "F32" else np.uint16)
+        return encode_grouped_words(words, kind, format, backend=backend, device=device)
+    raise EncodeError(f"encode_grouped takes a numpy array or torch tensor, got {type(values)}")

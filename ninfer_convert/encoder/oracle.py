@@ -1,0 +1,161 @@
+"""Bit-level oracle for MAXABS_F16_RECIP_RNE_V1 (spec Section 7).
+
+Contract: this module never asks the floating-point unit to round anything.  Every value is an
+exact :class:`fractions.Fraction` built from integer bit fields, every rounding to binary32 or
+binary16 is done by :func:`round_to_binary` with explicit round-to-nearest, ties-to-even, and
+the integral rounding uses ``round(Fraction)``, which Python defines as exact ties-to-even.  It is
+deliberately slow and small so that it can be read against the spec line by line; the numpy and
+torch backends must match it bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BINARY16",
+    "BINARY32",
+    "BinaryFormat",
+    "OracleFailure",
+    "decode_binary",
+    "encode_group_oracle",
+    "encode_oracle",
+    "round_to_binary",
+]
+
+
+class OracleFailure(ValueError):
+    """A group the profile must refuse: ``column`` >= 0 for a non-finite value, else overflow."""
+
+    def __init__(self, row: int, group: int, column: int, raw_scale: float) -> None:
+        self.row, self.group, self.column, self.raw_scale = row, group, column, raw_scale
+        super().__init__(f"row {row}, group {group}, column {column}")
+
+
+@dataclass(frozen=True)
+class BinaryFormat:
+    """An IEEE-754 binary interchange format: exponent and trailing-fraction widths."""
+
+    exp_bits: int
+    frac_bits: int
+
+    @property
+    def bias(self) -> int:
+        return (1 << (self.exp_bits - 1)) - 1
+
+    @property
+    def exp_max(self) -> int:
+        return (1 << self.exp_bits) - 1
+
+
+BINARY32 = BinaryFormat(8, 23)
+BINARY16 = BinaryFormat(5, 10)
+
+
+def decode_binary(word: int, fmt: BinaryFormat) -> Fraction:
+    """Exact value of a finite word; raises ValueError for inf/NaN (never quantized)."""
+    sign = -1 if (word >> (fmt.exp_bits + fmt.frac_bits)) & 1 else 1
+    exp = (word >> fmt.frac_bits) & fmt.exp_max
+    frac = word & ((1 << fmt.frac_bits) - 1)
+    if exp == fmt.exp_max:
+        raise ValueError(f"non-finite word 0x{word:x}")
+    if exp == 0:  # zero or subnormal: frac * 2^(1 - bias - frac_bits)
+        return sign * Fraction(frac) * Fraction(2) ** (1 - fmt.bias - fmt.frac_bits)
+    return (
+        sign
+        * Fraction((1 << fmt.frac_bits) | frac)
+        * Fraction(2) ** (exp - fmt.bias - fmt.frac_bits)
+    )
+
+
+def _floor_log2(value: Fraction) -> int:
+    """floor(log2(value)) for value > 0, exactly."""
+    e = value.numerator.bit_length() - value.denominator.bit_length()
+    # 2^e <= value < 2^(e+1) after at most one correction step each way.
+    if Fraction(2) ** e > value:
+        e -= 1
+    elif Fraction(2) ** (e + 1) <= value:
+        e += 1
+    return e
+
+
+def round_to_binary(value: Fraction, fmt: BinaryFormat, *, negative_zero: bool = False) -> int:
+    """Round an exact rational to the nearest word of ``fmt``, ties to even; overflow gives inf.
+
+    ``negative_zero`` selects the sign of a zero result (a product's sign for ``-x * inv``).
+    """
+    sign_bit = 1 << (fmt.exp_bits + fmt.frac_bits)
+    if value == 0:
+        return sign_bit if negative_zero else 0
+    sign = sign_bit if value < 0 else 0
+    mag = -value if value < 0 else value
+    emin = 1 - fmt.bias  # exponent of the smallest normal
+    e = max(_floor_log2(mag), emin)
+    # Quantum (unit in the last place) for numbers in [2^e, 2^(e+1)), or the subnormal quantum.
+    quantum = Fraction(2) ** (e - fmt.frac_bits)
+    n = round(mag / quantum)  # Fraction.__round__ is round-half-even: exactly RNE.
+    if n == (1 << (fmt.frac_bits + 1)):  # rounding carried into the next binade
+        n >>= 1
+        e += 1
+    if e > fmt.exp_max - 1 - fmt.bias:  # above the largest finite binade: infinity
+        return sign | (fmt.exp_max << fmt.frac_bits)
+    if n < (1 << fmt.frac_bits):  # subnormal (only possible when e == emin)
+        return sign | n
+    return sign | ((e + fmt.bias) << fmt.frac_bits) | (n - (1 << fmt.frac_bits))
+
+
+def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, list[int]]:
+    """Encode one group of binary32 words; returns (binary16 scale word, signed codes).
+
+    Raises :class:`OracleFailure` for a non-finite input or a scale that overflows binary16.
+    """
+    for i, w in enumerate(x_words):
+        if (w >> 23) & 0xFF == 0xFF:
+            raise OracleFailure(-1, -1, i, float("nan"))
+    xs = [decode_binary(w, BINARY32) for w in x_words]
+    amax = max(abs(v) for v in xs)
+    if amax == 0:
+        return 0x0000, [0] * len(xs)
+    raw_scale32 = decode_binary(round_to_binary(amax / qmax, BINARY32), BINARY32)
+    scale16 = round_to_binary(raw_scale32, BINARY16)
+    if scale16 == 0x0000:
+        scale16 = 0x0001  # 2^-24 underflow rescue
+    if (scale16 >> 10) & 0x1F == 0x1F:
+        raise OracleFailure(-1, -1, -1, float(raw_scale32))
+    scale32 = decode_binary(scale16, BINARY16)  # exact binary16 -> binary32
+    inv32 = decode_binary(round_to_binary(1 / scale32, BINARY32), BINARY32)
+    codes = []
+    for v in xs:
+        normalized32 = decode_binary(round_to_binary(v * inv32, BINARY32), BINARY32)
+        rounded = round(normalized32)  # ties to even, exact
+        codes.append(min(max(rounded, qmin), qmax))
+    return scale16, codes
+
+
+def encode_oracle(
+    x_words: npt.NDArray[np.uint32], group_size: int, qmin: int, qmax: int
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
+    """Encode an [N, K] matrix of binary32 words group by group with the oracle.
+
+    Raises :class:`OracleFailure` with the row, group (and column) of the first failure.
+    """
+    n_rows, k = x_words.shape
+    n_groups = -(-k // group_size)
+    codes = np.zeros((n_rows, k), dtype=np.int8)
+    scales = np.zeros((n_rows, n_groups), dtype=np.uint16)
+    for r in range(n_rows):
+        for g in range(n_groups):
+            lo, hi = g * group_size, min(k, (g + 1) * group_size)
+            group = [int(w) for w in x_words[r, lo:hi]]
+            try:
+                s, c = encode_group_oracle(group, qmin, qmax)
+            except OracleFailure as exc:
+                col = lo + exc.column if exc.column >= 0 else -1
+                raise OracleFailure(r, g, col, exc.raw_scale) from None
+            scales[r, g] = s
+            codes[r, lo:hi] = c
+    return codes, scales

@@ -1,0 +1,207 @@
+"""Value-invariant validators of spec Sections 3.3, 3.4, 5 and 6.1, side by side per format.
+
+Contract: each ``*_problems`` function inspects logical words (see :mod:`.logical`) and returns
+a list of :class:`~ninfer_convert.errors.ValueInvariantError`, one per kind of violation,
+each naming the tensor, row, group/column and the offending word; an empty list means valid.
+``validate_logical`` raises the first problem.  Checks are vectorised; only the first offender
+of each kind is described, with the total count, so a corrupt 100 M-element tensor still gives a
+short, exact report.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ValueInvariantError
+from .formats import Category, NumericFormat, lookup_format
+from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
+from .words import e4m3fn_is_nan
+
+__all__ = [
+    "fp8_row_problems",
+    "grouped_problems",
+    "logical_problems",
+    "nvfp4_problems",
+    "validate_logical",
+]
+
+
+def _report(
+    mask: npt.NDArray[np.bool_],
+    tensor: str | None,
+    what: str,
+    describe: str,
+    words: npt.NDArray[np.generic],
+    *,
+    group: int | None = None,
+) -> list[ValueInvariantError]:
+    if not mask.any():
+        return []
+    count = int(np.count_nonzero(mask))
+    idx = tuple(int(i) for i in np.argwhere(mask)[0])
+    word = int(words[idx])
+    width = max(2, words.dtype.itemsize * 2)
+    if len(idx) == 2:
+        row, col = idx
+        loc = f"row {row}, {what} {col}"
+        if group is not None:
+            loc += f" (group {col // group})"
+    else:
+        loc = f"{what} {idx[0]}"
+    return [
+        ValueInvariantError(
+            f"{loc}: word 0x{word & ((1 << (8 * words.dtype.itemsize)) - 1):0{width}x} "
+            f"{describe} ({count} such word{'s' if count != 1 else ''})",
+            tensor=tensor,
+        )
+    ]
+
+
+def grouped_problems(
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+    tensor: str | None = None,
+) -> list[ValueInvariantError]:
+    """Section 5/6.1: legal codes (W8 never -128), +0 or finite positive binary16 scales, and
+    all-zero codes under a +0 scale."""
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    n, k = codes.shape
+    n_groups = -(-k // fmt.group_size)
+    out: list[ValueInvariantError] = []
+    if scales.shape != (n, n_groups):
+        return [
+            ValueInvariantError(
+                f"scale shape {list(scales.shape)} does not match codes {list(codes.shape)} with "
+                f"G={fmt.group_size}",
+                tensor=tensor,
+            )
+        ]
+    illegal = (codes < fmt.qmin) | (codes > fmt.qmax)
+    out += _report(
+        illegal,
+        tensor,
+        "column",
+        f"is outside the legal code interval [{fmt.qmin}, {fmt.qmax}]",
+        codes,
+        group=fmt.group_size,
+    )
+    # +0 (0x0000) or finite positive: sign bit clear and exponent field not all ones.
+    bad_scale = ((scales & 0x8000) != 0) | ((scales & 0x7C00) == 0x7C00)
+    out += _report(
+        bad_scale,
+        tensor,
+        "group",
+        "is not a valid scale (must be +0 or a finite positive binary16)",
+        scales,
+    )
+    zero_scale = scales == 0
+    if zero_scale.any():
+        padded_k = n_groups * fmt.group_size
+        nz = np.zeros((n, padded_k), dtype=bool)
+        nz[:, :k] = codes != 0
+        group_has_code = nz.reshape(n, n_groups, fmt.group_size).any(axis=2)
+        bad = zero_scale & group_has_code
+        out += _report(bad, tensor, "group", "is a +0 scale over non-zero codes", scales)
+    return out
+
+
+def nvfp4_problems(
+    codes: npt.NDArray[np.uint8],
+    scales: npt.NDArray[np.uint8],
+    divisor: int,
+    tensor: str | None = None,
+) -> list[ValueInvariantError]:
+    """Section 3.3: E2M1 words in 0..15, E4M3FN scales sign-zero and not NaN, d_w finite > 0."""
+    out: list[ValueInvariantError] = []
+    n, k = codes.shape
+    if k % 16 or scales.shape != (n, k // 16):
+        return [
+            ValueInvariantError(
+                f"NVFP4 needs K % 16 == 0 and scales [N, K/16]; got codes {list(codes.shape)}, "
+                f"scales {list(scales.shape)}",
+                tensor=tensor,
+            )
+        ]
+    out += _report(codes > 0x0F, tensor, "column", "is not a 4-bit E2M1 word", codes)
+    out += _report(
+        (scales & 0x80) != 0, tensor, "group", "is a negative (or -0) E4M3FN block scale", scales
+    )
+    out += _report(
+        e4m3fn_is_nan(scales) & ((scales & 0x80) == 0),
+        tensor,
+        "group",
+        "is a NaN E4M3FN block scale",
+        scales,
+    )
+    d = divisor & 0xFFFFFFFF
+    if (d >> 31) or ((d >> 23) & 0xFF) == 0xFF or d == 0:
+        out.append(
+            ValueInvariantError(
+                f"weight divisor d_w word 0x{d:08x} must be finite and strictly positive",
+                tensor=tensor,
+            )
+        )
+    return out
+
+
+def fp8_row_problems(
+    codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint16], tensor: str | None = None
+) -> list[ValueInvariantError]:
+    """Section 3.4: codes not NaN, BF16 row scales +0 or finite positive, +0 rows hold only
+    signed-zero codes."""
+    n, k = codes.shape
+    if scales.shape != (n,):
+        return [
+            ValueInvariantError(
+                f"row scales {list(scales.shape)} do not match codes {list(codes.shape)}",
+                tensor=tensor,
+            )
+        ]
+    out = _report(e4m3fn_is_nan(codes), tensor, "column", "is a NaN E4M3FN code", codes)
+    bad_scale = ((scales & 0x8000) != 0) | ((scales & 0x7F80) == 0x7F80)
+    out += _report(
+        bad_scale,
+        tensor,
+        "row",
+        "is not a valid BF16 row scale (must be +0 or finite positive)",
+        scales,
+    )
+    zero_rows = scales == 0
+    if zero_rows.any():
+        nonzero = (codes & 0x7F) != 0
+        bad = nonzero & zero_rows[:, None]
+        out += _report(
+            bad, tensor, "column", "is a non-zero code in a row whose scale is +0", codes
+        )
+    return out
+
+
+def logical_problems(
+    fmt: str | NumericFormat, logical: LogicalTensor, tensor: str | None = None
+) -> list[ValueInvariantError]:
+    """Dispatch on the format's category; direct words are valid by definition (Section 3.1)."""
+    entry = lookup_format(fmt)
+    if entry.category is Category.DIRECT and isinstance(logical, DirectWords):
+        return []
+    if entry.category is Category.GROUPED and isinstance(logical, GroupedCodes):
+        return grouped_problems(entry, logical.codes, logical.scales, tensor)
+    if entry.category is Category.BLOCK_SCALED and isinstance(logical, NVFP4Words):
+        return nvfp4_problems(logical.codes, logical.scales, logical.divisor, tensor)
+    if entry.category is Category.ROW_SCALED and isinstance(logical, FP8RowWords):
+        return fp8_row_problems(logical.codes, logical.scales, tensor)
+    return [
+        ValueInvariantError(
+            f"{type(logical).__name__} is not the logical representation of {entry.name}",
+            tensor=tensor,
+        )
+    ]
+
+
+def validate_logical(
+    fmt: str | NumericFormat, logical: LogicalTensor, tensor: str | None = None
+) -> None:
+    problems = logical_problems(fmt, logical, tensor)
+    if problems:
+        raise problems[0]
