@@ -52,6 +52,9 @@ def _encode_rows(
     xg = x.reshape(n, n_groups, g)
     # amax via max and -min avoids a full-size abs temporary; NaN propagates through both.
     amax = np.maximum(xg.max(axis=2), np.negative(xg.min(axis=2)))
+    # max(+0, -(+0)) may pick -0.0 for an all-zero group; abs on the small per-group array
+    # restores +0 so the scale word is 0x0000, never 0x8000.
+    np.abs(amax, out=amax)
     finite = np.isfinite(amax)
     if not finite.all():
         r, grp, col = locate_nonfinite(x[:, :k], row0, g)
