@@ -71,12 +71,18 @@ def boundary_corpus(fmt: NumericFormat) -> list[tuple[str, U32]]:
     cases.append(
         (
             "subnormal-rescue",
-            _rows([[tiny], [-tiny, tiny], [float.fromhex("0x1p-30"), -float.fromhex("0x1p-31")]], g),
+            _rows(
+                [[tiny], [-tiny, tiny], [float.fromhex("0x1p-30"), -float.fromhex("0x1p-31")]], g
+            ),
         )
     )
     # Scales that land on binary16 subnormals and the normal/subnormal edge.
-    edge = [float.fromhex("0x1p-24") * qmax, float.fromhex("0x1p-14") * qmax,
-            float.fromhex("0x1.ff8p-15") * qmax, float.fromhex("0x1.ffcp-15") * qmax]
+    edge = [
+        float.fromhex("0x1p-24") * qmax,
+        float.fromhex("0x1p-14") * qmax,
+        float.fromhex("0x1.ff8p-15") * qmax,
+        float.fromhex("0x1.ffcp-15") * qmax,
+    ]
     cases.append(("binary16-subnormal-scales", _rows([[v, v / 3, -v / 7] for v in edge], g)))
     # Largest scales that still fit: 65504 = 0x1.ffcp15, and 65519, the largest integer that
     # rounds down to it (65520 is the halfway point to 2^16 and rounds to inf).  Both products
@@ -98,7 +104,9 @@ def boundary_corpus(fmt: NumericFormat) -> list[tuple[str, U32]]:
     cases.append(("all-zero-and-signed-zero", zeros.view(np.uint32)))
 
     # qmax (not |qmin|) is the denominator; W8 clamps at -127 (never -128).
-    cases.append(("qmax-denominator-and-clamp", _rows([[-float(qmax), 1.0], [1.0, -qmax - 0.5]], g)))
+    cases.append(
+        ("qmax-denominator-and-clamp", _rows([[-float(qmax), 1.0], [1.0, -qmax - 0.5]], g))
+    )
 
     # Mixed magnitudes across the binary32 range.
     mags = rng.standard_normal((8, 3 * g)).astype(np.float32)

@@ -25,8 +25,8 @@ from .common import locate_nonfinite, nonfinite_error, overflow_error, to_f32
 
 __all__ = ["CHUNK_ELEMENTS", "encode_numpy"]
 
-CHUNK_ELEMENTS = 1 << 16
-"""Source values per chunk: 256 KiB of binary32, a few such temporaries fit in L2."""
+CHUNK_ELEMENTS = 1 << 18
+"""Source values per chunk (1 MiB of binary32 per temporary): measured fastest on 2 cores."""
 
 
 def _encode_rows(
@@ -42,30 +42,38 @@ def _encode_rows(
     g = fmt.group_size
     n, k = words.shape
     n_groups = -(-k // g)
-    x = to_f32(words, source_dtype)
+    if source_dtype == "F16":
+        words = to_f32(words, "F16").view(np.uint32)  # exact widening, then as F32
+    wide = words.dtype.itemsize == 4
     if k % g:
-        # Zero-fill the partial last group: |0| never raises amax, and the codes computed for
+        # Zero-fill the partial last group: +0 never raises amax, and the codes computed for
         # the fill are dropped, so the group is computed from its logical values only.
-        padded = np.zeros((n, n_groups * g), dtype=np.float32)
-        padded[:, :k] = x
-        x = padded
-    xg = x.reshape(n, n_groups, g)
-    # amax via max and -min avoids a full-size abs temporary; NaN propagates through both.
-    amax = np.maximum(xg.max(axis=2), np.negative(xg.min(axis=2)))
-    # max(+0, -(+0)) may pick -0.0 for an all-zero group; abs on the small per-group array
-    # restores +0 so the scale word is 0x0000, never 0x8000.
-    np.abs(amax, out=amax)
-    finite = np.isfinite(amax)
-    if not finite.all():
+        padded = np.zeros((n, n_groups * g), dtype=words.dtype)
+        padded[:, :k] = words
+        words = padded
+    # amax on the integer words: for IEEE formats, clearing the sign bit leaves a word whose
+    # unsigned order is the order of |x| (inf and NaN above every finite magnitude).  An
+    # integer max is several times faster than a float reduction and cannot produce -0.0.
+    sign_clear = np.uint32(0x7FFFFFFF) if wide else np.uint16(0x7FFF)
+    amax_bits = np.bitwise_and(words, sign_clear).reshape(n, n_groups, g).max(axis=2)
+    if wide:
+        nonfinite = amax_bits >= np.uint32(0x7F800000)
+        amax = amax_bits.view(np.float32)
+    else:  # BF16
+        nonfinite = amax_bits >= np.uint16(0x7F80)
+        amax = np.left_shift(amax_bits.astype(np.uint32), np.uint32(16)).view(np.float32)
+    if nonfinite.any():
+        x = to_f32(words, "F32" if wide else "BF16")
         r, grp, col = locate_nonfinite(x[:, :k], row0, g)
-        word = int(np.asarray(words)[r - row0, col])
-        raise nonfinite_error(tensor, r, grp, col, word, source_dtype)
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        raise nonfinite_error(
+            tensor, r, grp, col, _source_word(words, r - row0, col, source_dtype), source_dtype
+        )
+    with np.errstate(over="ignore"):
         raw_scale32 = amax / np.float32(fmt.qmax)
         scale16 = raw_scale32.astype(np.float16)
     bits = scale16.view(np.uint16)
     # 2^-24 rescue: a nonzero amax whose scale rounded to +0 gets the smallest subnormal.
-    bits[(bits == 0) & (amax > 0)] = 0x0001
+    bits[(bits == 0) & (amax_bits > 0)] = 0x0001
     overflow = bits == 0x7C00
     if overflow.any():
         r, grp = (int(i) for i in np.argwhere(overflow)[0])
@@ -74,11 +82,23 @@ def _encode_rows(
     # All-zero groups keep inv = 0 so their codes come out 0 without a 0 * inf NaN.
     inv32 = np.zeros_like(scale32)
     np.divide(np.float32(1.0), scale32, out=inv32, where=scale32 > 0)
-    q = np.multiply(xg, inv32[:, :, None])
+    x = to_f32(words, "F32" if wide else "BF16").reshape(n, n_groups, g)
+    q = np.multiply(x, inv32[:, :, None])
     np.rint(q, out=q)
+    # The clamp must happen on the floats: with a subnormal binary16 scale (few significant
+    # bits) x * inv can exceed qmax by far, and an int8 cast would wrap before clamping.
     np.clip(q, fmt.qmin, fmt.qmax, out=q)
     codes_out[:, :] = q.reshape(n, n_groups * g)[:, :k]
     scales_out[:, :] = bits
+
+
+def _source_word(words: npt.NDArray[np.generic], r: int, c: int, source_dtype: str) -> int:
+    word = int(words[r, c])
+    if source_dtype == "F16":  # widened above; report the original binary16 word
+        return int(
+            np.array([word], np.uint32).view(np.float32).astype(np.float16).view(np.uint16)[0]
+        )
+    return word
 
 
 def encode_numpy(
