@@ -1,0 +1,160 @@
+"""Semantic header checks shared by the writer and the reader (docs/container.md, "Validation").
+
+Contract: these functions take schema-valid dataclasses and check what the schema alone cannot:
+registry identities, format/layout combination, geometry against the layout, plane placement,
+side-file names.  They raise :class:`~ninfer_convert.container.schema.SchemaError`; the caller
+decides whether that is a usage error (writer) or an artifact error (reader).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import NinferError
+from ..formats import check_profile_fits
+from ..layouts import PlaneSpec, check_combination
+from .schema import Provenance, SchemaError, TensorEntry
+from .wire import INDEX_NAME, MAX_ALIGNMENT, MIN_ALIGNMENT, SINGLE_NAME, align_up, parse_shard_name
+
+__all__ = [
+    "check_alignment",
+    "check_provenance",
+    "check_side_file_name",
+    "check_tensor_geometry",
+    "check_tensor_name",
+    "expected_planes",
+]
+
+MAX_NAME_CHARS = 4096
+
+
+def _message(exc: NinferError) -> str:
+    return exc.message + (f" ({exc.hint})" if exc.hint else "")
+
+
+def check_alignment(alignment: int, where: str = "artifact.alignment") -> None:
+    """Alignment must be a power of two in [MIN_ALIGNMENT, MAX_ALIGNMENT]."""
+    if alignment < MIN_ALIGNMENT or alignment > MAX_ALIGNMENT or alignment & (alignment - 1):
+        raise SchemaError(
+            where,
+            f"alignment {alignment} is not a power of two in [{MIN_ALIGNMENT}, {MAX_ALIGNMENT}]",
+        )
+
+
+def check_tensor_name(name: str, where: str) -> None:
+    """Tensor names: non-empty, at most 4096 characters, no control characters."""
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise SchemaError(where, f"tensor name must have 1..{MAX_NAME_CHARS} characters")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise SchemaError(where, f"tensor name {name!r} contains a control character")
+
+
+def expected_planes(
+    fmt: str, layout: str, shape: tuple[int, ...], where: str
+) -> tuple[list[PlaneSpec], tuple[int, ...]]:
+    """Planes and physical extents the layout computes; registry and shape errors -> SchemaError."""
+    try:
+        lay = check_combination(fmt, layout)
+    except NinferError as exc:
+        raise SchemaError(where, _message(exc)) from None
+    try:
+        return lay.planes(fmt, shape), lay.physical_extents(fmt, shape)
+    except NinferError as exc:
+        raise SchemaError(f"{where}.shape", _message(exc)) from None
+
+
+def check_provenance(prov: Provenance, fmt: str, where: str) -> None:
+    """An encoder profile, when named, must be registered and able to produce ``fmt``."""
+    if prov.encoder_profile is not None:
+        try:
+            check_profile_fits(prov.encoder_profile, fmt)
+        except NinferError as exc:
+            raise SchemaError(f"{where}.encoder_profile", _message(exc)) from None
+
+
+def check_tensor_geometry(entry: TensorEntry, where: str) -> list[PlaneSpec]:
+    """Format, layout, shape, physical extents and plane names/sizes of one header entry."""
+    check_tensor_name(entry.name, f"{where}.name")
+    specs, physical = expected_planes(entry.format, entry.layout, entry.shape, where)
+    if entry.physical != physical:
+        raise SchemaError(
+            f"{where}.physical",
+            f"physical extents {list(entry.physical)} differ from {list(physical)} computed by "
+            f"{entry.layout} for shape {list(entry.shape)}",
+        )
+    names = [p.name for p in entry.planes]
+    if names != [s.name for s in specs]:
+        raise SchemaError(
+            f"{where}.planes",
+            f"planes {names} differ from {[s.name for s in specs]} required by {entry.layout}",
+        )
+    for i, (plane, spec) in enumerate(zip(entry.planes, specs, strict=True)):
+        if plane.nbytes != spec.nbytes:
+            raise SchemaError(
+                f"{where}.planes[{i}].nbytes",
+                f"plane {plane.name!r} declares {plane.nbytes} bytes but {entry.layout} "
+                f"computes {spec.nbytes} for {entry.format} {list(entry.shape)}",
+            )
+    check_provenance(entry.provenance, entry.format, f"{where}.provenance")
+    return specs
+
+
+def check_placement(tensors: Iterable[TensorEntry], alignment: int, start: int, end: int) -> int:
+    """Check that planes sit at their canonical offsets; return the end of the last plane.
+
+    Plane i (in header order) must start at ``align_up(end of plane i-1, alignment)`` (the
+    first at ``align_up(start, alignment)``) and end at or before ``end``.  The distinct
+    messages say what is wrong: misaligned, overlapping, out of range, or merely not canonical.
+    """
+    cursor = start
+    for t_index, entry in enumerate(tensors):
+        for p_index, plane in enumerate(entry.planes):
+            where = f"tensors[{t_index}].planes[{p_index}]"
+            what = f"tensor {entry.name!r} plane {plane.name!r}"
+            if plane.offset % alignment:
+                raise SchemaError(
+                    f"{where}.offset",
+                    f"{what} offset {plane.offset} is not a multiple of the alignment {alignment}",
+                )
+            if plane.offset < cursor:
+                raise SchemaError(
+                    f"{where}.offset",
+                    f"{what} [{plane.offset}, {plane.offset + plane.nbytes}) overlaps the "
+                    f"prelude or the previous plane, which ends at {cursor}",
+                )
+            if plane.offset + plane.nbytes > end:
+                raise SchemaError(
+                    f"{where}.offset",
+                    f"{what} [{plane.offset}, {plane.offset + plane.nbytes}) lies beyond the "
+                    f"payload region, which ends at byte {end}",
+                )
+            expected = align_up(cursor, alignment)
+            if plane.offset != expected:
+                raise SchemaError(
+                    f"{where}.offset",
+                    f"{what} starts at {plane.offset} but the canonical offset is {expected} "
+                    "(planes are packed at the next aligned offset; no other gaps)",
+                )
+            cursor = plane.offset + plane.nbytes
+    return cursor
+
+
+def check_side_file_name(name: str, where: str) -> None:
+    """A side file is a plain file name that cannot be mistaken for a container file."""
+    bad = (
+        not name
+        or len(name) > 255
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or any(ord(c) < 0x20 for c in name)
+    )
+    if bad:
+        raise SchemaError(where, f"side file name {name!r} is not a plain file name")
+    if (
+        name in (SINGLE_NAME, INDEX_NAME)
+        or parse_shard_name(name) is not None
+        or name.endswith(".ninfer")
+    ):
+        raise SchemaError(where, f"side file name {name!r} is reserved for container files")

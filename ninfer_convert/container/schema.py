@@ -1,0 +1,755 @@
+"""The one schema of the container header and the shard index (docs/container.md).
+
+Contract: each JSON object of the header is a frozen dataclass here with ``to_json()`` (returns
+plain JSON values, ready for :func:`~ninfer_convert.container.wire.canonical_json`) and
+``from_json(value, where)`` (validates strictly and raises :class:`SchemaError`).  The writer
+validates what it is given and the reader validates what it reads with the same functions, so
+a file the writer produces always passes the reader, and nothing else does.
+
+Strictness: every object has a fixed key set (unknown or missing keys are errors), every value
+has one JSON type (a bool is never an int, a float is never an int), integers lie in a stated
+range, and digests are 32 lowercase hex digits.  Semantic checks that need the registries or the
+file (format names, geometry, offsets) live in the reader and writer, not here.
+
+:class:`SchemaError` carries a JSON-pointer-like location (``tensors[3].planes[0].offset``); the
+reader turns it into :class:`~ninfer_convert.errors.ArtifactError` and the writer into
+:class:`~ninfer_convert.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from .wire import DIGEST_HEX_RE, MAX_INT
+
+__all__ = [
+    "ArtifactMeta",
+    "ConcatTransform",
+    "CopyQuantizedTransform",
+    "Header",
+    "IndexFile",
+    "IndexShard",
+    "PlaneEntry",
+    "Producer",
+    "Provenance",
+    "RecipeInfo",
+    "ReshapeTransform",
+    "RuleRef",
+    "SchemaError",
+    "ShardInfo",
+    "SideFile",
+    "SourceFile",
+    "SourceInfo",
+    "SourceRef",
+    "SourceTensor",
+    "TensorEntry",
+    "Transform",
+    "TransposeTransform",
+    "transform_from_json",
+]
+
+MAX_JSON_DEPTH = 64
+"""Nesting limit for free-form JSON (the source ``config``)."""
+
+
+class SchemaError(Exception):
+    """A JSON value does not fit the schema; ``where`` locates it."""
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where or "(root)"
+        self.message = message
+        super().__init__(f"{self.where}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitive checks
+
+
+def _obj(value: object, where: str, keys: frozenset[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SchemaError(where, f"expected an object, got {_kind(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise SchemaError(where, f"object key {key!r} is not a string")
+    unknown = sorted(set(value) - keys)
+    if unknown:
+        raise SchemaError(where, f"unknown key(s) {unknown}; allowed keys are {sorted(keys)}")
+    missing = sorted(keys - set(value))
+    if missing:
+        raise SchemaError(where, f"missing key(s) {missing}")
+    return value
+
+
+def _str(value: object, where: str, *, nonempty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(where, f"expected a string, got {_kind(value)}")
+    if nonempty and not value:
+        raise SchemaError(where, "must not be empty")
+    return value
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    return None if value is None else _str(value, where)
+
+
+def _int(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    # bool is an int subclass in Python; JSON true is not a number.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(where, f"expected an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise SchemaError(where, f"integer {value} outside [{lo}, {hi}]")
+    return value
+
+
+def _list(value: object, where: str) -> Sequence[Any]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise SchemaError(where, f"expected an array, got {_kind(value)}")
+    return value
+
+
+def _ints(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
+    return tuple(_int(v, f"{where}[{i}]", lo, hi) for i, v in enumerate(_list(value, where)))
+
+
+def _strs(value: object, where: str) -> tuple[str, ...]:
+    return tuple(_str(v, f"{where}[{i}]") for i, v in enumerate(_list(value, where)))
+
+
+def _digest(value: object, where: str) -> str:
+    text = _str(value, where)
+    if not DIGEST_HEX_RE.fullmatch(text):
+        raise SchemaError(where, f"digest {text[:80]!r} is not 32 lowercase hex digits")
+    return text
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
+
+
+def json_value(value: object, where: str, depth: int = 0) -> Any:
+    """Validate and copy free-form JSON (object keys strings, finite numbers, bounded depth)."""
+    if depth > MAX_JSON_DEPTH:
+        raise SchemaError(where, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SchemaError(where, f"non-finite number {value!r} is not JSON")
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise SchemaError(where, f"object key {k!r} is not a string")
+            out[k] = json_value(v, f"{where}.{k}", depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    raise SchemaError(where, f"{type(value).__name__} is not a JSON value")
+
+
+_T = TypeVar("_T")
+
+
+def _coerce(cls: type[_T], value: object, where: str) -> _T:
+    """Accept either an instance of the dataclass or its JSON form."""
+    if isinstance(value, cls):
+        return value
+    return cls.from_json(value, where)  # type: ignore[attr-defined, no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance (per tensor)
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One source tensor a stored tensor was made from."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "dtype", "shape", "file"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "file": self.file,
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "source") -> SourceRef:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            name=_str(obj["name"], f"{where}.name", nonempty=True),
+            dtype=_str(obj["dtype"], f"{where}.dtype"),
+            shape=_ints(obj["shape"], f"{where}.shape"),
+            file=_str(obj["file"], f"{where}.file"),
+        )
+
+
+@dataclass(frozen=True)
+class ConcatTransform:
+    """Concatenation of the sources along ``axis``."""
+
+    axis: int
+    op: ClassVar[str] = "concat"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "axis": self.axis}
+
+
+@dataclass(frozen=True)
+class TransposeTransform:
+    """A rank-two transpose."""
+
+    op: ClassVar[str] = "transpose"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op}
+
+
+@dataclass(frozen=True)
+class ReshapeTransform:
+    """A reshape to ``shape``."""
+
+    shape: tuple[int, ...]
+    op: ClassVar[str] = "reshape"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class CopyQuantizedTransform:
+    """Already-quantized words copied from a source quantization ``scheme``."""
+
+    scheme: str
+    op: ClassVar[str] = "copy-quantized"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "scheme": self.scheme}
+
+
+Transform = ConcatTransform | TransposeTransform | ReshapeTransform | CopyQuantizedTransform
+
+_AXIS_LIMIT = 64
+
+
+def transform_from_json(value: object, where: str = "transform") -> Transform:
+    """Validate one transform object; the keys allowed depend on its ``op``."""
+    if isinstance(
+        value, (ConcatTransform, TransposeTransform, ReshapeTransform, CopyQuantizedTransform)
+    ):
+        return value
+    if not isinstance(value, Mapping):
+        raise SchemaError(where, f"expected an object, got {_kind(value)}")
+    op = value.get("op")
+    if op == "concat":
+        obj = _obj(value, where, frozenset({"op", "axis"}))
+        return ConcatTransform(_int(obj["axis"], f"{where}.axis", -_AXIS_LIMIT, _AXIS_LIMIT))
+    if op == "transpose":
+        _obj(value, where, frozenset({"op"}))
+        return TransposeTransform()
+    if op == "reshape":
+        obj = _obj(value, where, frozenset({"op", "shape"}))
+        return ReshapeTransform(_ints(obj["shape"], f"{where}.shape"))
+    if op == "copy-quantized":
+        obj = _obj(value, where, frozenset({"op", "scheme"}))
+        return CopyQuantizedTransform(_str(obj["scheme"], f"{where}.scheme", nonempty=True))
+    raise SchemaError(
+        f"{where}.op",
+        f"unknown transform op {op!r}; allowed: concat, transpose, reshape, copy-quantized",
+    )
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    """The recipe rule that selected this tensor: its 0-based index, line, and pattern."""
+
+    index: int
+    line: int
+    pattern: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"index", "line", "pattern"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "line": self.line, "pattern": self.pattern}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "rule") -> RuleRef:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            index=_int(obj["index"], f"{where}.index"),
+            line=_int(obj["line"], f"{where}.line"),
+            pattern=_str(obj["pattern"], f"{where}.pattern"),
+        )
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How a stored tensor was derived (spec Section 10)."""
+
+    sources: tuple[SourceRef, ...]
+    conversion: str | None
+    transforms: tuple[Transform, ...]
+    encoder_profile: str | None
+    rule: RuleRef
+    constraints: tuple[str, ...] = ()
+
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"sources", "conversion", "transforms", "encoder_profile", "rule", "constraints"}
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sources": [s.to_json() for s in self.sources],
+            "conversion": self.conversion,
+            "transforms": [t.to_json() for t in self.transforms],
+            "encoder_profile": self.encoder_profile,
+            "rule": self.rule.to_json(),
+            "constraints": list(self.constraints),
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "provenance") -> Provenance:
+        if isinstance(value, cls):
+            return value
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            sources=tuple(
+                _coerce(SourceRef, v, f"{where}.sources[{i}]")
+                for i, v in enumerate(_list(obj["sources"], f"{where}.sources"))
+            ),
+            conversion=_opt_str(obj["conversion"], f"{where}.conversion"),
+            transforms=tuple(
+                transform_from_json(v, f"{where}.transforms[{i}]")
+                for i, v in enumerate(_list(obj["transforms"], f"{where}.transforms"))
+            ),
+            encoder_profile=_opt_str(obj["encoder_profile"], f"{where}.encoder_profile"),
+            rule=_coerce(RuleRef, obj["rule"], f"{where}.rule"),
+            constraints=_strs(obj["constraints"], f"{where}.constraints"),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Artifact metadata
+
+
+@dataclass(frozen=True)
+class Producer:
+    name: str
+    version: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "version"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "producer") -> Producer:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            _str(obj["name"], f"{where}.name", nonempty=True),
+            _str(obj["version"], f"{where}.version"),
+        )
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """The full recipe text, its digest and its cited quality evidence."""
+
+    name: str
+    text: str
+    digest: str
+    evidence: tuple[str, ...] = ()
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "text", "digest", "evidence"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "text": self.text,
+            "digest": self.digest,
+            "evidence": list(self.evidence),
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "recipe") -> RecipeInfo:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            name=_str(obj["name"], f"{where}.name"),
+            text=_str(obj["text"], f"{where}.text"),
+            digest=_str(obj["digest"], f"{where}.digest"),
+            evidence=_strs(obj["evidence"], f"{where}.evidence"),
+        )
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str
+    size: int
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "size"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "file") -> SourceFile:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            _str(obj["name"], f"{where}.name", nonempty=True), _int(obj["size"], f"{where}.size")
+        )
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    dtype: str
+    shape: tuple[int, ...]
+    digest: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"dtype", "shape", "digest"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape), "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "tensor") -> SourceTensor:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            dtype=_str(obj["dtype"], f"{where}.dtype"),
+            shape=_ints(obj["shape"], f"{where}.shape"),
+            digest=_str(obj["digest"], f"{where}.digest"),
+        )
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Identity of the source checkpoint: kind, path, config, files and per-tensor digests."""
+
+    kind: str
+    path: str
+    config: Mapping[str, Any] | None
+    files: tuple[SourceFile, ...]
+    tensors: Mapping[str, SourceTensor] = field(default_factory=dict)
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"kind", "path", "config", "files", "tensors"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "config": None if self.config is None else json_value(self.config, "config"),
+            "files": [f.to_json() for f in self.files],
+            "tensors": {k: v.to_json() for k, v in self.tensors.items()},
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "source") -> SourceInfo:
+        obj = _obj(value, where, cls.KEYS)
+        config = obj["config"]
+        if config is not None and not isinstance(config, Mapping):
+            raise SchemaError(f"{where}.config", f"expected an object or null, got {_kind(config)}")
+        tensors = obj["tensors"]
+        if not isinstance(tensors, Mapping):
+            raise SchemaError(f"{where}.tensors", f"expected an object, got {_kind(tensors)}")
+        return cls(
+            kind=_str(obj["kind"], f"{where}.kind"),
+            path=_str(obj["path"], f"{where}.path"),
+            config=None if config is None else json_value(config, f"{where}.config"),
+            files=tuple(
+                _coerce(SourceFile, v, f"{where}.files[{i}]")
+                for i, v in enumerate(_list(obj["files"], f"{where}.files"))
+            ),
+            tensors={
+                _str(k, f"{where}.tensors"): _coerce(SourceTensor, v, f"{where}.tensors.{k}")
+                for k, v in tensors.items()
+            },
+        )
+
+
+@dataclass(frozen=True)
+class ArtifactMeta:
+    """Artifact-level metadata, identical in every shard's header."""
+
+    producer: Producer
+    recipe: RecipeInfo
+    source: SourceInfo
+    alignment: int
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"producer", "recipe", "source", "alignment"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "producer": self.producer.to_json(),
+            "recipe": self.recipe.to_json(),
+            "source": self.source.to_json(),
+            "alignment": self.alignment,
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "artifact") -> ArtifactMeta:
+        if isinstance(value, cls):
+            return value
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            producer=_coerce(Producer, obj["producer"], f"{where}.producer"),
+            recipe=_coerce(RecipeInfo, obj["recipe"], f"{where}.recipe"),
+            source=_coerce(SourceInfo, obj["source"], f"{where}.source"),
+            alignment=_int(obj["alignment"], f"{where}.alignment"),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Header
+
+
+@dataclass(frozen=True)
+class PlaneEntry:
+    name: str
+    offset: int
+    nbytes: int
+    digest: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "offset", "nbytes", "digest"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "plane") -> PlaneEntry:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            name=_str(obj["name"], f"{where}.name", nonempty=True),
+            offset=_int(obj["offset"], f"{where}.offset"),
+            nbytes=_int(obj["nbytes"], f"{where}.nbytes"),
+            digest=_digest(obj["digest"], f"{where}.digest"),
+        )
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    format: str
+    layout: str
+    shape: tuple[int, ...]
+    physical: tuple[int, ...]
+    planes: tuple[PlaneEntry, ...]
+    role: str
+    provenance: Provenance
+
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"name", "format", "layout", "shape", "physical", "planes", "role", "provenance"}
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "format": self.format,
+            "layout": self.layout,
+            "shape": list(self.shape),
+            "physical": list(self.physical),
+            "planes": [p.to_json() for p in self.planes],
+            "role": self.role,
+            "provenance": self.provenance.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "tensor") -> TensorEntry:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            name=_str(obj["name"], f"{where}.name", nonempty=True),
+            format=_str(obj["format"], f"{where}.format"),
+            layout=_str(obj["layout"], f"{where}.layout"),
+            shape=_ints(obj["shape"], f"{where}.shape"),
+            physical=_ints(obj["physical"], f"{where}.physical"),
+            planes=tuple(
+                PlaneEntry.from_json(v, f"{where}.planes[{i}]")
+                for i, v in enumerate(_list(obj["planes"], f"{where}.planes"))
+            ),
+            role=_str(obj["role"], f"{where}.role"),
+            provenance=Provenance.from_json(obj["provenance"], f"{where}.provenance"),
+        )
+
+
+@dataclass(frozen=True)
+class SideFile:
+    """A non-weight file of the model directory (config.json, tokenizer files)."""
+
+    name: str
+    size: int
+    digest: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "size", "digest"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "file") -> SideFile:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            name=_str(obj["name"], f"{where}.name", nonempty=True),
+            size=_int(obj["size"], f"{where}.size"),
+            digest=_digest(obj["digest"], f"{where}.digest"),
+        )
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """1-based ``index`` of this file among ``count`` shards (1 of 1 for a single file)."""
+
+    index: int
+    count: int
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"index", "count"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "count": self.count}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "shard") -> ShardInfo:
+        obj = _obj(value, where, cls.KEYS)
+        count = _int(obj["count"], f"{where}.count", 1, 99_999_999)
+        return cls(_int(obj["index"], f"{where}.index", 1, count), count)
+
+
+@dataclass(frozen=True)
+class Header:
+    """The whole header JSON of one container file."""
+
+    artifact: ArtifactMeta
+    files: tuple[SideFile, ...]
+    shard: ShardInfo
+    tensors: tuple[TensorEntry, ...]
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"artifact", "files", "shard", "tensors"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "artifact": self.artifact.to_json(),
+            "files": [f.to_json() for f in self.files],
+            "shard": self.shard.to_json(),
+            "tensors": [t.to_json() for t in self.tensors],
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "") -> Header:
+        obj = _obj(value, where, cls.KEYS)
+        pre = f"{where}." if where else ""
+        return cls(
+            artifact=ArtifactMeta.from_json(obj["artifact"], f"{pre}artifact"),
+            files=tuple(
+                SideFile.from_json(v, f"{pre}files[{i}]")
+                for i, v in enumerate(_list(obj["files"], f"{pre}files"))
+            ),
+            shard=ShardInfo.from_json(obj["shard"], f"{pre}shard"),
+            tensors=tuple(
+                TensorEntry.from_json(v, f"{pre}tensors[{i}]")
+                for i, v in enumerate(_list(obj["tensors"], f"{pre}tensors"))
+            ),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Shard index (model.ninfer.index.json)
+
+
+@dataclass(frozen=True)
+class IndexShard:
+    """One shard: its file name, its exact size, and its header digest (hex)."""
+
+    file: str
+    size: int
+    digest: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"file", "size", "digest"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "size": self.size, "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "shard") -> IndexShard:
+        obj = _obj(value, where, cls.KEYS)
+        return cls(
+            file=_str(obj["file"], f"{where}.file", nonempty=True),
+            size=_int(obj["size"], f"{where}.size"),
+            digest=_digest(obj["digest"], f"{where}.digest"),
+        )
+
+
+INDEX_FORMAT = "ninfer-index"
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """``model.ninfer.index.json``: format tag and version, total size, shards, weight map."""
+
+    version: int
+    total_size: int
+    shards: tuple[IndexShard, ...]
+    weight_map: Mapping[str, str]
+
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"format", "version", "total_size", "shards", "weight_map"}
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": INDEX_FORMAT,
+            "version": self.version,
+            "total_size": self.total_size,
+            "shards": [s.to_json() for s in self.shards],
+            "weight_map": dict(self.weight_map),
+        }
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "") -> IndexFile:
+        obj = _obj(value, where, cls.KEYS)
+        pre = f"{where}." if where else ""
+        if obj["format"] != INDEX_FORMAT:
+            raise SchemaError(f"{pre}format", f"expected {INDEX_FORMAT!r}, got {obj['format']!r}")
+        wm = obj["weight_map"]
+        if not isinstance(wm, Mapping):
+            raise SchemaError(f"{pre}weight_map", f"expected an object, got {_kind(wm)}")
+        return cls(
+            version=_int(obj["version"], f"{pre}version"),
+            total_size=_int(obj["total_size"], f"{pre}total_size"),
+            shards=tuple(
+                IndexShard.from_json(v, f"{pre}shards[{i}]")
+                for i, v in enumerate(_list(obj["shards"], f"{pre}shards"))
+            ),
+            weight_map={
+                _str(k, f"{pre}weight_map"): _str(v, f"{pre}weight_map.{k}", nonempty=True)
+                for k, v in wm.items()
+            },
+        )

@@ -1,0 +1,522 @@
+"""Crash-safe, streaming writer of a .ninfer model directory (docs/container.md, "Writing").
+
+Contract:
+
+* ``ArtifactWriter(out_dir, metadata=..., alignment=4096, max_shard_size=None, overwrite=False)``
+  stages everything in a hidden sibling directory ``.<name>.ninfer-staging-<random>`` of
+  ``out_dir`` (same parent, so the final rename stays on one file system).
+* ``add`` packs one tensor with its registered layout and streams its planes to the current
+  shard at once; only one tensor's planes are ever in memory.  ``add_packed`` takes planes
+  packed elsewhere (a worker thread).  Tensors are stored in the order they are added; the
+  caller adds them in a deterministic order, and the same calls give byte-identical files.
+* ``add_file`` copies a side file (config.json, tokenizer files) into the model directory.
+* ``commit`` appends each shard's header, names the shards (``model.ninfer``, or
+  ``model-0000i-of-0000N.ninfer`` plus ``model.ninfer.index.json``), fsyncs files and the
+  staging directory, renames it to ``out_dir`` and fsyncs the parent.  Nothing exists under
+  ``out_dir`` before that rename.
+* Any exception or KeyboardInterrupt inside the ``with`` block (or a call to ``abort``) removes
+  the staging directory and leaves ``out_dir`` as it was.  A clean exit from the ``with`` block
+  commits if ``commit`` was not called.
+* An existing ``out_dir`` is refused with :class:`UsageError` unless it is an empty directory or
+  ``overwrite=True``; with ``overwrite`` the old directory is moved aside, the new one renamed
+  in, and the old one deleted, so a crash never leaves a half-written ``out_dir``.
+
+Usage errors (bad names, wrong shapes, bad metadata) raise :class:`UsageError` /
+:class:`FormatError` before any byte of that tensor is written, and leave the writer usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+
+from ..errors import NinferError, UsageError
+from ..formats import lookup_format
+from ..layouts import Buffer, Layout, check_combination, logical_shape
+from ..layouts.base import plane_u8
+from ..logical import LogicalTensor
+from .checks import (
+    check_alignment,
+    check_provenance,
+    check_side_file_name,
+    check_tensor_geometry,
+    check_tensor_name,
+)
+from .schema import (
+    ArtifactMeta,
+    Header,
+    IndexFile,
+    IndexShard,
+    PlaneEntry,
+    Provenance,
+    SchemaError,
+    ShardInfo,
+    SideFile,
+    TensorEntry,
+)
+from .wire import (
+    DEFAULT_ALIGNMENT,
+    INDEX_NAME,
+    MAGIC,
+    MAJOR_VERSION,
+    MAX_HEADER_BYTES,
+    MINOR_VERSION,
+    PRELUDE,
+    PRELUDE_SIZE,
+    align_up,
+    canonical_json,
+    header_digest,
+    shard_name,
+)
+
+__all__ = ["ArtifactWriter", "WrittenTensor"]
+
+_COPY_CHUNK = 8 << 20
+_ZEROS = bytes(64 << 10)
+INDEX_VERSION = 1
+
+
+def _usage(exc: SchemaError, what: str) -> UsageError:
+    return UsageError(f"{what}: {exc.where}: {exc.message}")
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it is durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class WrittenTensor:
+    """What ``add`` wrote: the header entry and the 1-based shard that holds it."""
+
+    entry: TensorEntry
+    shard: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.entry.planes)
+
+
+@dataclass
+class _Shard:
+    number: int
+    path: Path
+    handle: BinaryIO | None
+    cursor: int = PRELUDE_SIZE
+    tensors: list[TensorEntry] = field(default_factory=list)
+
+
+class ArtifactWriter:
+    """Write one artifact tensor by tensor; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        metadata: ArtifactMeta | Mapping[str, Any],
+        alignment: int = DEFAULT_ALIGNMENT,
+        max_shard_size: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.out_dir = Path(out_dir).absolute()
+        if isinstance(alignment, bool) or not isinstance(alignment, int):
+            raise UsageError(f"alignment must be an int, not {alignment!r}")
+        try:
+            check_alignment(alignment, "alignment")
+        except SchemaError as exc:
+            raise _usage(exc, "ArtifactWriter") from None
+        if max_shard_size is not None and (
+            isinstance(max_shard_size, bool)
+            or not isinstance(max_shard_size, int)
+            or max_shard_size < 1
+        ):
+            raise UsageError(
+                f"max_shard_size must be a positive int of bytes, not {max_shard_size!r}"
+            )
+        self.alignment = alignment
+        self.max_shard_size = max_shard_size
+        self.overwrite = overwrite
+        self._metadata = self._check_metadata(metadata)
+        self._check_destination()
+
+        self._names: set[str] = set()
+        self._side: dict[str, SideFile] = {}
+        self._shards: list[_Shard] = []
+        self._state = "open"
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_hex(6)
+        self.staging = self.out_dir.parent / f".{self.out_dir.name}.ninfer-staging-{token}"
+        self.staging.mkdir()
+        try:
+            self._new_shard()
+        except BaseException:
+            self.abort()
+            raise
+
+    # -- context manager -----------------------------------------------------------------------
+
+    def __enter__(self) -> ArtifactWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.commit()
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def _check_metadata(self, metadata: ArtifactMeta | Mapping[str, Any]) -> ArtifactMeta:
+        if isinstance(metadata, Mapping) and "alignment" not in metadata:
+            metadata = {**metadata, "alignment": self.alignment}
+        try:
+            meta = ArtifactMeta.from_json(metadata, "metadata")
+            # Round-trip through JSON so free-form parts (config) are checked for JSON-ness too.
+            meta = ArtifactMeta.from_json(meta.to_json(), "metadata")
+            canonical_json(meta.to_json())
+        except SchemaError as exc:
+            raise _usage(exc, "artifact metadata") from None
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"artifact metadata is not JSON-serialisable: {exc}") from None
+        if meta.alignment != self.alignment:
+            raise UsageError(
+                f"metadata alignment {meta.alignment} differs from the writer's {self.alignment}"
+            )
+        return meta
+
+    def set_metadata(self, metadata: ArtifactMeta | Mapping[str, Any]) -> None:
+        """Replace the artifact metadata before commit (e.g. once every source digest is known)."""
+        self._require_open()
+        self._metadata = self._check_metadata(metadata)
+
+    @property
+    def metadata(self) -> ArtifactMeta:
+        return self._metadata
+
+    # -- destination ---------------------------------------------------------------------------
+
+    def _check_destination(self) -> None:
+        out = self.out_dir
+        if not (out.exists() or out.is_symlink()):
+            return
+        if out.is_symlink() or not out.is_dir():
+            raise UsageError(
+                f"output {out} exists and is not a directory", hint="choose another --output"
+            )
+        if not self.overwrite and any(out.iterdir()):
+            raise UsageError(
+                f"output directory {out} already exists and is not empty",
+                hint="pass --force (overwrite=True) to replace it",
+            )
+
+    # -- shards --------------------------------------------------------------------------------
+
+    def _new_shard(self) -> _Shard:
+        number = len(self._shards) + 1
+        path = self.staging / f"shard-{number:05d}.partial"
+        handle = open(path, "wb")  # noqa: SIM115 - closed in _finish_payload or abort
+        shard = _Shard(number, path, handle)
+        self._shards.append(shard)
+        # Placeholder prelude; commit rewrites it once the header is known.
+        handle.write(bytes(PRELUDE_SIZE))
+        return shard
+
+    def _finish_payload(self, shard: _Shard) -> None:
+        if shard.handle is not None:
+            shard.handle.flush()
+            os.fsync(shard.handle.fileno())
+            shard.handle.close()
+            shard.handle = None
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            raise UsageError(f"the artifact writer is already {self._state}")
+
+    # -- tensors -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        fmt_name: str,
+        logical: LogicalTensor,
+        *,
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+    ) -> WrittenTensor:
+        """Pack ``logical`` with the format's registered layout and stream it to disk."""
+        self._require_open()
+        layout = self._layout(fmt_name)
+        self._entry_checks(name, fmt_name, role, provenance)
+        shape = logical_shape(logical)
+        planes = layout.pack(fmt_name, logical)
+        return self._write(name, fmt_name, shape, planes, role, provenance, check_padding=False)
+
+    def add_packed(
+        self,
+        name: str,
+        fmt_name: str,
+        shape: Sequence[int],
+        planes: Sequence[Buffer],
+        *,
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+    ) -> WrittenTensor:
+        """Stream planes packed elsewhere with ``lookup_layout(...).pack``; sizes and padding
+        are checked against the layout before anything is written."""
+        self._require_open()
+        layout = self._layout(fmt_name)
+        self._entry_checks(name, fmt_name, role, provenance)
+        try:
+            dims = layout.check_shape(fmt_name, shape)
+        except NinferError as exc:
+            raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
+        return self._write(name, fmt_name, dims, planes, role, provenance, check_padding=True)
+
+    def _layout(self, fmt_name: str) -> Layout:
+        return check_combination(fmt_name, lookup_format(fmt_name).layout)
+
+    def _entry_checks(
+        self,
+        name: str,
+        fmt_name: str,
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+    ) -> None:
+        if not isinstance(name, str):
+            raise UsageError(f"tensor name must be a string, not {name!r}")
+        try:
+            check_tensor_name(name, "name")
+        except SchemaError as exc:
+            raise UsageError(exc.message, tensor=name) from None
+        if name in self._names:
+            raise UsageError("tensor added twice", tensor=name)
+        if not isinstance(role, str):
+            raise UsageError(f"role must be a string, not {role!r}", tensor=name)
+        try:
+            prov = Provenance.from_json(provenance, "provenance")
+            check_provenance(prov, fmt_name, "provenance")
+        except SchemaError as exc:
+            raise UsageError(f"{exc.where}: {exc.message}", tensor=name) from None
+
+    def _write(
+        self,
+        name: str,
+        fmt_name: str,
+        shape: tuple[int, ...],
+        planes: Sequence[Buffer],
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+        *,
+        check_padding: bool,
+    ) -> WrittenTensor:
+        layout = self._layout(fmt_name)
+        try:
+            specs = layout.planes(fmt_name, shape)
+            physical = layout.physical_extents(fmt_name, shape)
+            if isinstance(planes, (bytes, bytearray, memoryview, np.ndarray)) or len(planes) != len(
+                specs
+            ):
+                raise UsageError(
+                    f"{fmt_name} needs {len(specs)} planes ({', '.join(s.name for s in specs)})"
+                )
+            views = [plane_u8(p, s) for p, s in zip(planes, specs, strict=True)]
+            if check_padding:
+                problems = layout.padding_problems(fmt_name, shape, views)
+                if problems:
+                    raise UsageError(
+                        "packed planes have non-canonical padding: " + "; ".join(problems[:4])
+                    )
+        except NinferError as exc:
+            if exc.tensor is None:
+                exc.tensor = name
+                exc.args = (exc.render(),)
+            raise
+        prov = Provenance.from_json(provenance, "provenance")
+
+        shard = self._shards[-1]
+        end = shard.cursor
+        for spec in specs:
+            end = align_up(end, self.alignment) + spec.nbytes
+        if self.max_shard_size is not None and shard.tensors and end > self.max_shard_size:
+            self._finish_payload(shard)
+            shard = self._new_shard()
+
+        handle = shard.handle
+        if handle is None:  # pragma: no cover - the last shard is always open
+            raise RuntimeError("current shard is closed")
+        entries = []
+        for spec, view in zip(specs, views, strict=True):
+            offset = align_up(shard.cursor, self.alignment)
+            gap = offset - shard.cursor
+            while gap:
+                step = min(gap, len(_ZEROS))
+                handle.write(_ZEROS[:step])
+                gap -= step
+            data = memoryview(view.data)
+            handle.write(data)
+            entries.append(
+                PlaneEntry(spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(data))
+            )
+            shard.cursor = offset + spec.nbytes
+        entry = TensorEntry(
+            name=name,
+            format=fmt_name,
+            layout=layout.name,
+            shape=shape,
+            physical=physical,
+            planes=tuple(entries),
+            role=role,
+            provenance=prov,
+        )
+        # The writer and the reader share one validator; this cannot fail unless they diverge.
+        check_tensor_geometry(entry, f"tensor {name!r}")
+        shard.tensors.append(entry)
+        self._names.add(name)
+        return WrittenTensor(entry, shard.number)
+
+    # -- side files ----------------------------------------------------------------------------
+
+    def add_file(self, src_path: str | os.PathLike[str], dest_name: str) -> SideFile:
+        """Copy a non-weight file into the model directory under the plain name ``dest_name``."""
+        self._require_open()
+        try:
+            check_side_file_name(dest_name, "dest_name")
+        except SchemaError as exc:
+            raise UsageError(exc.message) from None
+        if dest_name in self._side:
+            raise UsageError(f"side file {dest_name!r} added twice")
+        src = Path(src_path)
+        if not src.is_file():
+            raise UsageError(f"side file {src} does not exist or is not a regular file")
+        dest = self.staging / dest_name
+        h = xxhash.xxh3_128()
+        size = 0
+        with open(src, "rb") as fin, open(dest, "wb") as fout:
+            while chunk := fin.read(_COPY_CHUNK):
+                h.update(chunk)
+                fout.write(chunk)
+                size += len(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        info = SideFile(dest_name, size, h.hexdigest())
+        self._side[dest_name] = info
+        return info
+
+    # -- commit / abort ------------------------------------------------------------------------
+
+    def commit(self) -> Path:
+        """Finish every shard, write the index, and rename the staging directory to ``out_dir``."""
+        self._require_open()
+        try:
+            return self._commit()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _commit(self) -> Path:
+        self._state = "committing"
+        count = len(self._shards)
+        files = tuple(self._side[k] for k in sorted(self._side))
+        index_shards = []
+        weight_map: dict[str, str] = {}
+        total = 0
+        for shard in self._shards:
+            self._finish_payload(shard)
+            header = Header(
+                artifact=self._metadata,
+                files=files,
+                shard=ShardInfo(shard.number, count),
+                tensors=tuple(shard.tensors),
+            )
+            raw = canonical_json(header.to_json())
+            if len(raw) > MAX_HEADER_BYTES:
+                raise UsageError(
+                    f"shard {shard.number} header is {len(raw)} bytes, over the "
+                    f"{MAX_HEADER_BYTES}-byte cap",
+                    hint="use a smaller max_shard_size so each shard lists fewer tensors",
+                )
+            head = PRELUDE.pack(
+                MAGIC, MAJOR_VERSION, MINOR_VERSION, 0, shard.cursor, len(raw), bytes(16)
+            )
+            digest = header_digest(head, raw)
+            prelude = head[:32] + digest
+            with open(shard.path, "r+b") as fh:
+                fh.seek(shard.cursor)
+                fh.write(raw)
+                fh.truncate()
+                fh.seek(0)
+                fh.write(prelude)
+                fh.flush()
+                os.fsync(fh.fileno())
+            final = shard_name(shard.number, count)
+            os.replace(shard.path, self.staging / final)
+            size = shard.cursor + len(raw)
+            index_shards.append(IndexShard(final, size, digest.hex()))
+            for t in shard.tensors:
+                weight_map[t.name] = final
+                total += sum(p.nbytes for p in t.planes)
+        if count > 1:
+            index = IndexFile(INDEX_VERSION, total, tuple(index_shards), weight_map)
+            with open(self.staging / INDEX_NAME, "wb") as fh:
+                fh.write(canonical_json(index.to_json()))
+                fh.flush()
+                os.fsync(fh.fileno())
+        _fsync_dir(self.staging)
+        self._publish()
+        self._state = "committed"
+        return self.out_dir
+
+    def _publish(self) -> None:
+        out = self.out_dir
+        self._check_destination()
+        trash: Path | None = None
+        if out.exists():
+            if any(out.iterdir()):
+                # overwrite=True (checked above): move the old directory aside first, so out_dir
+                # is either the old or the new artifact, never a mixture.
+                trash = out.parent / f".{out.name}.ninfer-old-{secrets.token_hex(6)}"
+                os.rename(out, trash)
+            else:
+                out.rmdir()
+        os.rename(self.staging, out)
+        _fsync_dir(out.parent)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Discard everything written so far; ``out_dir`` is left untouched."""
+        if self._state == "committed":
+            return
+        for shard in getattr(self, "_shards", []):
+            if shard.handle is not None:
+                with contextlib.suppress(OSError):  # best effort while unwinding
+                    shard.handle.close()
+                shard.handle = None
+        staging = getattr(self, "staging", None)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._state = "aborted"
