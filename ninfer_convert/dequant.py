@@ -56,7 +56,7 @@ def dequantize_grouped(
 def dequantize_nvfp4(
     codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint8], divisor: int
 ) -> F32:
-    n, k = codes.shape
+    k = codes.shape[1]
     block = np.repeat(e4m3fn_to_f32(scales), 16, axis=1)[:, :k]
     d = np.array([divisor & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
     return np.divide(np.multiply(e2m1_to_f32(codes), block), d)

@@ -80,13 +80,15 @@ class NumericFormat:
 
 
 def _direct(name: str, bits: int, word_dtype: str) -> NumericFormat:
-    return NumericFormat(name, Category.DIRECT, bits, word_dtype, None, None, None, None,
-                         "contiguous-le-v1")
+    return NumericFormat(
+        name, Category.DIRECT, bits, word_dtype, None, None, None, None, "contiguous-le-v1"
+    )
 
 
 def _grouped(name: str, bits: int, group: int, qmin: int, qmax: int) -> NumericFormat:
-    return NumericFormat(name, Category.GROUPED, bits, "i1", group, qmin, qmax, "binary16",
-                         "row-split-k128-v1")
+    return NumericFormat(
+        name, Category.GROUPED, bits, "i1", group, qmin, qmax, "binary16", "row-split-k128-v1"
+    )
 
 
 _ALL: tuple[NumericFormat, ...] = (
@@ -98,10 +100,28 @@ _ALL: tuple[NumericFormat, ...] = (
     _grouped("Q6G64_F16S", 6, 64, -32, 31),
     # W8 deliberately excludes -128 (0x80): spec Section 5.
     _grouped("W8G32_F16S", 8, 32, -127, 127),
-    NumericFormat("NVFP4", Category.BLOCK_SCALED, 4, "u1", 16, None, None, "e4m3fn",
-                  "blockscale-k16-m128x4-v1"),
-    NumericFormat("FP8_E4M3FN_ROW_BF16S", Category.ROW_SCALED, 8, "u1", None, None, None, "bf16",
-                  "row-scale-v1"),
+    NumericFormat(
+        "NVFP4",
+        Category.BLOCK_SCALED,
+        4,
+        "u1",
+        16,
+        None,
+        None,
+        "e4m3fn",
+        "blockscale-k16-m128x4-v1",
+    ),
+    NumericFormat(
+        "FP8_E4M3FN_ROW_BF16S",
+        Category.ROW_SCALED,
+        8,
+        "u1",
+        None,
+        None,
+        None,
+        "bf16",
+        "row-scale-v1",
+    ),
 )
 
 FORMATS: Mapping[str, NumericFormat] = MappingProxyType({f.name: f for f in _ALL})
@@ -121,7 +141,8 @@ def lookup_format(name: object) -> NumericFormat:
         return FORMATS[name]
     raise FormatError(
         f"unknown numeric format {name!r}",
-        hint="the closed registry holds exactly: " + ", ".join(FORMATS)
+        hint="the closed registry holds exactly: "
+        + ", ".join(FORMATS)
         + "; names are compared exactly and never parsed apart",
     )
 

@@ -151,7 +151,7 @@ def fp8_row_problems(
 ) -> list[ValueInvariantError]:
     """Section 3.4: codes not NaN, BF16 row scales +0 or finite positive, +0 rows hold only
     signed-zero codes."""
-    n, k = codes.shape
+    n = codes.shape[0]
     if scales.shape != (n,):
         return [
             ValueInvariantError(

@@ -168,7 +168,9 @@ _I32_MIN = -(2**31)
 _I32_MAX = 2**31 - 1
 
 
-def int_to_i32(values: npt.NDArray[np.generic], *, tensor: str | None = None) -> npt.NDArray[np.int32]:
+def int_to_i32(
+    values: npt.NDArray[np.generic], *, tensor: str | None = None
+) -> npt.NDArray[np.int32]:
     """Integer or bool array -> int32 with a range check; never wraps, truncates or saturates."""
     arr = np.asarray(values)
     if arr.dtype == np.bool_:
