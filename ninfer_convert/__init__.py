@@ -5,14 +5,18 @@ Stable public API (other tools call these names):
 * :data:`FORMATS`, :func:`lookup_format` - the closed registry of the nine numeric formats.
 * :func:`encode_grouped` - the canonical MAXABS_F16_RECIP_RNE_V1 encoder (oracle/numpy/torch).
 * :func:`dequantize_grouped` - the binary32 reconstruction oracle of the grouped formats.
+* :func:`open_artifact`, :class:`ArtifactWriter` - read and write .ninfer artifacts.
+* :data:`LAYOUTS`, :func:`lookup_layout` - the closed registry of storage layouts.
 """
 
 from __future__ import annotations
 
+from .container import ArtifactWriter, open_artifact
 from .dequant import dequantize_grouped, dequantize_logical
 from .encoder import encode_grouped, encode_grouped_words
 from .errors import NinferError
 from .formats import ENCODER_PROFILES, FORMATS, lookup_format, lookup_profile
+from .layouts import LAYOUTS, lookup_layout
 from .logical import DirectWords, FP8RowWords, GroupedCodes, NVFP4Words
 
 __version__ = "0.1.0"
@@ -20,6 +24,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ENCODER_PROFILES",
     "FORMATS",
+    "LAYOUTS",
+    "ArtifactWriter",
     "DirectWords",
     "FP8RowWords",
     "GroupedCodes",
@@ -31,5 +37,7 @@ __all__ = [
     "encode_grouped",
     "encode_grouped_words",
     "lookup_format",
+    "lookup_layout",
     "lookup_profile",
+    "open_artifact",
 ]
