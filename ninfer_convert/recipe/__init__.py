@@ -1,0 +1,73 @@
+"""Checkpoint recipes: load, plan against a source, materialise (docs/recipes.md).
+
+Typical use::
+
+    source = open_source("path/to/model")
+    plan = build_plan("recipes/generic-dense.yaml", source)   # or build_plan(load_recipe(p), ...)
+    for entry in plan.entries:
+        m = materialize(entry, source)
+        # m.value: a LogicalTensor (direct, NVFP4/FP8 copies) or an EncodeInput (grouped)
+"""
+
+from __future__ import annotations
+
+from .materialize import EncodeInput, Materialized, materialize, nonfinite_mask
+from .model import (
+    Evidence,
+    Problem,
+    Recipe,
+    RecipeProblems,
+    Rule,
+    RuleKind,
+    SourceIdentity,
+    TransformSpec,
+)
+from .parse import SCHEMA_VERSION, load_recipe, loads_recipe, parse_recipe
+from .patterns import NamePattern, NameTemplate, compile_pattern, compile_template
+from .plan import (
+    FormatTotal,
+    Plan,
+    PlanEntry,
+    PlanSource,
+    RuleRef,
+    SkippedTensor,
+    TransformStep,
+    build_plan,
+)
+from .tables import CONSTRAINTS, CONVERSIONS, COPY_PATHS, Conversion, CopyPath
+
+__all__ = [
+    "CONSTRAINTS",
+    "CONVERSIONS",
+    "COPY_PATHS",
+    "SCHEMA_VERSION",
+    "Conversion",
+    "CopyPath",
+    "EncodeInput",
+    "Evidence",
+    "FormatTotal",
+    "Materialized",
+    "NamePattern",
+    "NameTemplate",
+    "Plan",
+    "PlanEntry",
+    "PlanSource",
+    "Problem",
+    "Recipe",
+    "RecipeProblems",
+    "Rule",
+    "RuleKind",
+    "RuleRef",
+    "SkippedTensor",
+    "SourceIdentity",
+    "TransformSpec",
+    "TransformStep",
+    "build_plan",
+    "compile_pattern",
+    "compile_template",
+    "load_recipe",
+    "loads_recipe",
+    "materialize",
+    "nonfinite_mask",
+    "parse_recipe",
+]

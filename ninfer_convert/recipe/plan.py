@@ -1,0 +1,936 @@
+"""Planning: apply a recipe to a source's metadata and produce the ordered conversion plan.
+
+Contract: :func:`build_plan` reads only metadata (headers, config.json, the recipe).  It checks
+the source identity (unless ``check_identity=False``, which records the mismatches instead),
+assigns every source tensor to exactly one rule or skip, derives every output's logical shape,
+format, layout, conversion and encoded size, and reports *every* problem found together in one
+:class:`~.model.RecipeProblems` (each with its rule's line), before any tensor byte is read.
+
+Claiming (docs/recipes.md, "How rules claim tensors"): rules are applied in file order and each
+claims source tensors not claimed by an earlier rule; the first rule that matches a tensor
+owns it.  A rule that ends up claiming nothing is an error (unless ``optional: true``), so a
+rule can never be silently shadowed.  ``derive`` and ``copy`` rules name their inputs
+explicitly; an input already claimed by an earlier rule is an error, never a silent reuse.
+Tensors no rule claims are an error.
+
+The plan is deterministic (entries sorted by output name) and JSON-serialisable
+(:meth:`Plan.to_json`); :meth:`PlanEntry.to_dict` / :meth:`PlanEntry.from_dict` round-trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import NinferError
+from ..formats import FORMATS, Category, NumericFormat
+from ..source import SourceCheckpoint, SourceTensorInfo
+from .model import Problem, Recipe, RecipeProblems, Rule
+from .parse import parse_recipe_file
+from .tables import CONVERSIONS, DIRECT_SAME_SOURCE, GROUPED_SOURCES
+
+__all__ = [
+    "FormatTotal",
+    "Plan",
+    "PlanEntry",
+    "PlanSource",
+    "RuleRef",
+    "SkippedTensor",
+    "TransformStep",
+    "build_plan",
+]
+
+SourceField = Literal[
+    "input",
+    "packed-codes",
+    "block-scales",
+    "global-divisor",
+    "global-multiplier",
+    "codes",
+    "row-scales",
+]
+_MAX_UNCLAIMED_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class PlanSource:
+    """One source tensor an output is made from, and what it contributes (``field``)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    nbytes: int
+    field: SourceField = "input"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "file": self.file,
+            "nbytes": self.nbytes,
+            "field": self.field,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> PlanSource:
+        return PlanSource(
+            str(d["name"]),
+            str(d["dtype"]),
+            tuple(int(x) for x in d["shape"]),
+            str(d["file"]),
+            int(d["nbytes"]),
+            d["field"],
+        )
+
+
+@dataclass(frozen=True)
+class TransformStep:
+    """One derivation step, in application order (recorded in provenance).
+
+    ``concat`` joins ``inputs`` (source names, in order) along ``axis``; ``transpose`` swaps the
+    two axes of a rank-two tensor; ``reshape`` gives ``shape`` (fully resolved, no -1)."""
+
+    op: Literal["concat", "transpose", "reshape"]
+    axis: int | None = None
+    shape: tuple[int, ...] | None = None
+    inputs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"op": self.op}
+        if self.op == "concat":
+            d["axis"] = self.axis
+            d["inputs"] = list(self.inputs)
+        elif self.op == "reshape":
+            d["shape"] = list(self.shape or ())
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> TransformStep:
+        op = d["op"]
+        if op == "concat":
+            return TransformStep("concat", axis=int(d["axis"]), inputs=tuple(d["inputs"]))
+        if op == "reshape":
+            return TransformStep("reshape", shape=tuple(int(x) for x in d["shape"]))
+        if op == "transpose":
+            return TransformStep("transpose")
+        raise ValueError(f"unknown transform op {op!r}")
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    """Which recipe rule produced an entry: 0-based index, 1-based line, kind and pattern."""
+
+    index: int
+    line: int
+    kind: str
+    pattern: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"index": self.index, "line": self.line, "kind": self.kind, "pattern": self.pattern}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> RuleRef:
+        return RuleRef(int(d["index"]), int(d["line"]), str(d["kind"]), str(d["pattern"]))
+
+    @staticmethod
+    def of(rule: Rule) -> RuleRef:
+        return RuleRef(rule.index, rule.line, rule.kind, rule.pattern_text)
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One output tensor: everything convert needs, and everything provenance records."""
+
+    output: str
+    format: str
+    layout: str
+    encoder_profile: str | None
+    conversion: str | None
+    """The conversion applied to this entry's source dtype (None: same type, bitwise)."""
+    keep_nonfinite: bool
+    copy: str | None
+    """The copy path (NVFP4 / FP8 row), or None."""
+    role: str
+    constraints: tuple[str, ...]
+    shape: tuple[int, ...]
+    """Logical shape of the output."""
+    sources: tuple[PlanSource, ...]
+    transforms: tuple[TransformStep, ...]
+    rule: RuleRef
+    evidence: tuple[str, ...]
+    encoded_bytes: int
+    """Bytes of all planes from the layout's ``encoded_size`` (container gaps excluded)."""
+    source_bytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def source_dtype(self) -> str:
+        """dtype of the (first) source tensor; all inputs of a concat share it."""
+        return self.sources[0].dtype
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "output": self.output,
+            "format": self.format,
+            "layout": self.layout,
+            "encoder_profile": self.encoder_profile,
+            "conversion": self.conversion,
+            "keep_nonfinite": self.keep_nonfinite,
+            "copy": self.copy,
+            "role": self.role,
+            "constraints": list(self.constraints),
+            "shape": list(self.shape),
+            "sources": [s.to_dict() for s in self.sources],
+            "transforms": [t.to_dict() for t in self.transforms],
+            "rule": self.rule.to_dict(),
+            "evidence": list(self.evidence),
+            "encoded_bytes": self.encoded_bytes,
+            "source_bytes": self.source_bytes,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> PlanEntry:
+        return PlanEntry(
+            output=str(d["output"]),
+            format=str(d["format"]),
+            layout=str(d["layout"]),
+            encoder_profile=d["encoder_profile"],
+            conversion=d["conversion"],
+            keep_nonfinite=bool(d["keep_nonfinite"]),
+            copy=d["copy"],
+            role=str(d["role"]),
+            constraints=tuple(d["constraints"]),
+            shape=tuple(int(x) for x in d["shape"]),
+            sources=tuple(PlanSource.from_dict(s) for s in d["sources"]),
+            transforms=tuple(TransformStep.from_dict(t) for t in d["transforms"]),
+            rule=RuleRef.from_dict(d["rule"]),
+            evidence=tuple(d["evidence"]),
+            encoded_bytes=int(d["encoded_bytes"]),
+            source_bytes=int(d["source_bytes"]),
+        )
+
+
+@dataclass(frozen=True)
+class SkippedTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    rule: RuleRef
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "file": self.file,
+            "rule": self.rule.to_dict(),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class FormatTotal:
+    """Totals of one format: ``bits_per_weight`` = 8 * encoded_bytes / weights."""
+
+    format: str
+    tensors: int
+    weights: int
+    encoded_bytes: int
+    source_bytes: int
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.encoded_bytes / self.weights if self.weights else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "format": self.format,
+            "tensors": self.tensors,
+            "weights": self.weights,
+            "encoded_bytes": self.encoded_bytes,
+            "source_bytes": self.source_bytes,
+            "bits_per_weight": self.bits_per_weight,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole plan.  ``entries`` are sorted by output name."""
+
+    recipe: Recipe
+    source_path: str
+    source_kind: str
+    source_files: tuple[tuple[str, int], ...]
+    identity_checked: bool
+    identity_mismatches: tuple[str, ...]
+    """Identity problems that ``check_identity=False`` overrode (empty when checked)."""
+    entries: tuple[PlanEntry, ...]
+    skipped: tuple[SkippedTensor, ...]
+    totals: tuple[FormatTotal, ...] = field(default=())
+
+    @property
+    def total_weights(self) -> int:
+        return sum(t.weights for t in self.totals)
+
+    @property
+    def total_encoded_bytes(self) -> int:
+        return sum(t.encoded_bytes for t in self.totals)
+
+    @property
+    def total_source_bytes(self) -> int:
+        return sum(t.source_bytes for t in self.totals)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Effective bits per stored element over every output (8 * bytes / elements)."""
+        w = self.total_weights
+        return 8 * self.total_encoded_bytes / w if w else 0.0
+
+    def entry(self, output: str) -> PlanEntry:
+        for e in self.entries:
+            if e.output == output:
+                return e
+        raise KeyError(output)
+
+    def to_dict(self) -> dict[str, object]:
+        r = self.recipe
+        return {
+            "recipe": {"name": r.name, "version": r.version, "digest": r.digest, "path": r.path},
+            "source": {
+                "path": self.source_path,
+                "kind": self.source_kind,
+                "files": [[n, s] for n, s in self.source_files],
+            },
+            "identity": {
+                "checked": self.identity_checked,
+                "mismatches": list(self.identity_mismatches),
+            },
+            "entries": [e.to_dict() for e in self.entries],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "totals": {
+                "per_format": [t.to_dict() for t in self.totals],
+                "tensors": len(self.entries),
+                "weights": self.total_weights,
+                "encoded_bytes": self.total_encoded_bytes,
+                "source_bytes": self.total_source_bytes,
+                "bits_per_weight": self.bits_per_weight,
+            },
+            "evidence": [e.to_dict() for e in r.evidence],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+
+@dataclass
+class _Candidate:
+    rule: Rule
+    output: str
+    sources: list[tuple[SourceTensorInfo, SourceField]]
+
+
+class _Planner:
+    def __init__(self, recipe: Recipe, source: SourceCheckpoint) -> None:
+        self.recipe = recipe
+        self.source = source
+        self.names = list(source.tensors)  # sorted by name
+        self.problems: list[Problem] = []
+        self.claimed: dict[str, Rule] = {}
+        self.candidates: list[_Candidate] = []
+        self.skipped: list[SkippedTensor] = []
+
+    def err(self, rule: Rule | None, message: str, line: int | None = None) -> None:
+        where = rule.describe() + ": " if rule is not None else ""
+        self.problems.append(
+            Problem(line if line is not None else (rule.line if rule else None), where + message)
+        )
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def identity(self) -> list[Problem]:
+        ident = self.recipe.source
+        cfg = self.source.config
+        out: list[Problem] = []
+
+        def bad(line: int, msg: str) -> None:
+            out.append(Problem(line, "source identity: " + msg))
+
+        needs_config = bool(ident.model_type or ident.architectures or ident.config)
+        if needs_config and cfg is None:
+            bad(
+                ident.line,
+                f"the recipe checks config.json but the source ({self.source.kind}) has none",
+            )
+        if cfg is not None:
+            if ident.model_type:
+                mt = cfg.get("model_type")
+                if mt not in ident.model_type:
+                    bad(
+                        ident.line,
+                        f"config.json model_type is {mt!r}, the recipe is for "
+                        + " or ".join(repr(m) for m in ident.model_type),
+                    )
+            if ident.architectures:
+                archs = cfg.get("architectures")
+                have = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+                if not set(have) & set(ident.architectures):
+                    bad(
+                        ident.line,
+                        f"config.json architectures are {have}, the recipe is for "
+                        + " or ".join(ident.architectures),
+                    )
+            for key, expected, line in ident.config:
+                found, value = _lookup(cfg, key)
+                if not found:
+                    bad(line, f"config.json has no {key!r} (the recipe expects {expected!r})")
+                elif not _json_equal(value, expected):
+                    bad(line, f"config.json {key} is {value!r}, the recipe expects {expected!r}")
+        if ident.tensor_count is not None and ident.tensor_count != len(self.names):
+            bad(
+                ident.line,
+                f"the source has {len(self.names)} tensors, the recipe expects "
+                f"{ident.tensor_count}",
+            )
+        for name, shape, line in ident.shapes:
+            info = self.source.tensors.get(name)
+            if info is None:
+                bad(line, f"the source has no tensor {name!r}")
+            elif info.shape != shape:
+                bad(
+                    line, f"{name!r} has shape {list(info.shape)}, the recipe expects {list(shape)}"
+                )
+        return out
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def claim_all(self) -> None:
+        for rule in self.recipe.rules:
+            if rule.kind in ("match", "skip"):
+                self._claim_matching(rule)
+            elif rule.kind == "copy":
+                self._claim_copy(rule)
+            else:
+                self._claim_derive(rule)
+        unclaimed = [n for n in self.names if n not in self.claimed]
+        if unclaimed:
+            shown = unclaimed[:_MAX_UNCLAIMED_SHOWN]
+            more = len(unclaimed) - len(shown)
+            self.problems.append(
+                Problem(
+                    None,
+                    f"{len(unclaimed)} source tensor"
+                    f"{'s are' if len(unclaimed) != 1 else ' is'} claimed by no "
+                    "rule or skip: " + ", ".join(shown) + (f" ... and {more} more" if more else ""),
+                )
+            )
+
+    def _nothing(self, rule: Rule, shadowed: list[str], hint: str = "") -> None:
+        if rule.optional:
+            return
+        if shadowed:
+            lines = sorted({self.claimed[n].line for n in shadowed})
+            self.err(
+                rule,
+                f"claims nothing: every tensor it matches ({len(shadowed)}, e.g. "
+                f"{shadowed[0]!r}) is already claimed by the rule(s) at line(s) "
+                + ", ".join(map(str, lines))
+                + "; reorder the rules or mark it "
+                "optional: true",
+            )
+        else:
+            self.err(
+                rule,
+                "matches no source tensor"
+                + (f" ({hint})" if hint else "")
+                + "; fix the pattern or mark the rule optional: true",
+            )
+
+    def _claim_matching(self, rule: Rule) -> None:
+        assert rule.pattern is not None  # parse guarantees it for match/skip rules
+        hits = [n for n in self.names if rule.pattern.matches(n)]
+        free = [n for n in hits if n not in self.claimed]
+        if not free:
+            self._nothing(rule, hits)
+            return
+        for n in free:
+            self.claimed[n] = rule
+            info = self.source.tensors[n]
+            if rule.kind == "skip":
+                self.skipped.append(
+                    SkippedTensor(
+                        n, info.dtype, info.shape, info.file, RuleRef.of(rule), rule.reason or ""
+                    )
+                )
+            else:
+                self.candidates.append(_Candidate(rule, n, [(info, "input")]))
+
+    def _claim_copy(self, rule: Rule) -> None:
+        assert rule.pattern is not None and rule.copy is not None
+        tensors = self.source.tensors
+        # (output name, primary tensor, [(companion, field)])
+        units: list[tuple[str, str, list[tuple[str, SourceField]]]] = []
+        if rule.copy == "compressed-tensors-nvfp4":
+            for n in self.names:
+                if n.endswith(".weight_packed"):
+                    x = n[: -len("_packed")]
+                    units.append(
+                        (
+                            x,
+                            n,
+                            [
+                                (n, "packed-codes"),
+                                (x + "_scale", "block-scales"),
+                                (x + "_global_scale", "global-divisor"),
+                            ],
+                        )
+                    )
+        elif rule.copy == "modelopt-nvfp4":
+            for n in self.names:
+                if n.endswith(".weight") and n + "_scale_2" in tensors:
+                    units.append(
+                        (
+                            n,
+                            n,
+                            [
+                                (n, "packed-codes"),
+                                (n + "_scale", "block-scales"),
+                                (n + "_scale_2", "global-multiplier"),
+                            ],
+                        )
+                    )
+        else:  # compressed-tensors-fp8-channel
+            for n in self.names:
+                if n.endswith(".weight") and n + "_scale" in tensors:
+                    units.append((n, n, [(n, "codes"), (n + "_scale", "row-scales")]))
+        matched = [u for u in units if rule.pattern.matches(u[0])]
+        free = [u for u in matched if u[1] not in self.claimed]
+        if not free:
+            if matched:
+                self._nothing(rule, [u[1] for u in matched])
+            else:
+                direct = sum(1 for n in self.names if rule.pattern.matches(n))
+                hint = (
+                    f"the pattern matches output names such as X.weight built from "
+                    f"{rule.copy} tensors; it matches {direct} source tensor names but no "
+                    "complete set of them"
+                )
+                self._nothing(rule, [], hint)
+            return
+        for out, _primary, parts in free:
+            ok = True
+            for name, _f in parts:
+                if name not in tensors:
+                    self.err(
+                        rule, f"{out!r}: the {rule.copy} tensor {name!r} is missing from the source"
+                    )
+                    ok = False
+                elif name in self.claimed:
+                    self.err(
+                        rule,
+                        f"{out!r}: {name!r} is already claimed by the rule at line "
+                        f"{self.claimed[name].line}",
+                    )
+                    ok = False
+            if not ok:
+                continue
+            for name, _f in parts:
+                self.claimed[name] = rule
+            self.candidates.append(_Candidate(rule, out, [(tensors[n], f) for n, f in parts]))
+
+    def _claim_derive(self, rule: Rule) -> None:
+        assert rule.output is not None and rule.inputs
+        bindings: list[dict[str, str]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for n in self.names:
+            b = rule.inputs[0].match(n)
+            if b is None:
+                continue
+            key = tuple(sorted(b.items()))
+            if key not in seen:
+                seen.add(key)
+                bindings.append(b)
+        if not bindings:
+            self._nothing(rule, [], f"no tensor matches the first input {rule.inputs[0].text!r}")
+            return
+        for b in bindings:
+            names = [t.format(b) for t in rule.inputs]
+            out = rule.output.format(b)
+            ok = True
+            for name in names:
+                if name not in self.source.tensors:
+                    self.err(rule, f"{out!r}: input {name!r} is missing from the source")
+                    ok = False
+                elif name in self.claimed:
+                    self.err(
+                        rule,
+                        f"{out!r}: input {name!r} is already claimed by the rule at "
+                        f"line {self.claimed[name].line}",
+                    )
+                    ok = False
+            if not ok:
+                continue
+            for name in names:
+                self.claimed[name] = rule
+            self.candidates.append(
+                _Candidate(rule, out, [(self.source.tensors[n], "input") for n in names])
+            )
+
+    # -- entries -------------------------------------------------------------------------------
+
+    def entries(self) -> list[PlanEntry]:
+        out: list[PlanEntry] = []
+        owner: dict[str, Rule] = {}
+        for cand in self.candidates:
+            prev = owner.get(cand.output)
+            if prev is not None:
+                self.err(
+                    cand.rule,
+                    f"output {cand.output!r} is also produced by the rule at line {prev.line}",
+                )
+                continue
+            owner[cand.output] = cand.rule
+            fmt = FORMATS.get(cand.rule.format or "")
+            if fmt is None:
+                continue  # an unknown format was reported at load time
+            entry = (
+                self._copy_entry(cand, fmt)
+                if cand.rule.kind == "copy"
+                else self._encoded_entry(cand, fmt)
+            )
+            if entry is not None:
+                out.append(entry)
+        out.sort(key=lambda e: e.output)
+        return out
+
+    def _finish(
+        self,
+        cand: _Candidate,
+        fmt: NumericFormat,
+        shape: tuple[int, ...],
+        conversion: str | None,
+        transforms: list[TransformStep],
+    ) -> PlanEntry | None:
+        rule = cand.rule
+        size = _encoded_size(fmt, shape)
+        if isinstance(size, str):
+            self.err(
+                rule, f"{cand.output!r}: {fmt.layout} cannot store shape {list(shape)}: " + size
+            )
+            return None
+        return PlanEntry(
+            output=cand.output,
+            format=fmt.name,
+            layout=fmt.layout,
+            encoder_profile=rule.encoder_profile if fmt.is_grouped else None,
+            conversion=conversion,
+            keep_nonfinite=rule.keep_nonfinite
+            and conversion is not None
+            and CONVERSIONS[conversion].rounds_to_bf16,
+            copy=rule.copy,
+            role=rule.role or "",
+            constraints=rule.constraints,
+            shape=shape,
+            sources=tuple(
+                PlanSource(i.name, i.dtype, i.shape, i.file, i.nbytes, f) for i, f in cand.sources
+            ),
+            transforms=tuple(transforms),
+            rule=RuleRef.of(rule),
+            evidence=rule.evidence,
+            encoded_bytes=size,
+            source_bytes=sum(i.nbytes for i, _f in cand.sources),
+        )
+
+    def _encoded_entry(self, cand: _Candidate, fmt: NumericFormat) -> PlanEntry | None:
+        rule = cand.rule
+        infos = [i for i, _f in cand.sources]
+        first = infos[0]
+        what = f"{cand.output!r}"
+        dtypes = sorted({i.dtype for i in infos})
+        if len(dtypes) > 1:
+            self.err(
+                rule,
+                f"{what}: inputs have different dtypes ("
+                + ", ".join(f"{i.name} {i.dtype}" for i in infos)
+                + ")",
+            )
+            return None
+        dtype = first.dtype
+        transforms: list[TransformStep] = []
+        shape = first.shape
+        if len(infos) > 1:
+            axis = rule.concat_axis if rule.concat_axis is not None else 0
+            shape_or_err = _concat_shape([i.shape for i in infos], axis)
+            if isinstance(shape_or_err, str):
+                self.err(
+                    rule,
+                    f"{what}: cannot concatenate on axis {axis}: {shape_or_err} ("
+                    + ", ".join(f"{i.name} {list(i.shape)}" for i in infos)
+                    + ")",
+                )
+                return None
+            shape = shape_or_err
+            transforms.append(
+                TransformStep("concat", axis=axis, inputs=tuple(i.name for i in infos))
+            )
+        for t in rule.transforms:
+            if t.op == "transpose":
+                if len(shape) != 2:
+                    self.err(
+                        rule,
+                        f"{what}: transpose needs rank two, the tensor has shape {list(shape)}",
+                        t.line,
+                    )
+                    return None
+                shape = (shape[1], shape[0])
+                transforms.append(TransformStep("transpose"))
+            else:
+                assert t.shape is not None
+                new = _reshape(shape, t.shape)
+                if new is None:
+                    self.err(
+                        rule, f"{what}: cannot reshape {list(shape)} to {list(t.shape)}", t.line
+                    )
+                    return None
+                shape = new
+                transforms.append(TransformStep("reshape", shape=shape))
+
+        conversion: str | None = None
+        if fmt.is_direct:
+            if dtype != DIRECT_SAME_SOURCE[fmt.name]:
+                usable = [
+                    c
+                    for c in rule.conversions
+                    if c in CONVERSIONS and dtype in CONVERSIONS[c].sources
+                ]
+                if not usable:
+                    fits = [
+                        c.name
+                        for c in CONVERSIONS.values()
+                        if dtype in c.sources and c.target == fmt.name
+                    ]
+                    hint = (
+                        f"add conversion: {fits[0]}"
+                        if fits
+                        else f"no conversion from {dtype} to {fmt.name} exists; choose another "
+                        "format"
+                    )
+                    self.err(
+                        rule,
+                        f"{what} is {dtype}; storing it as {fmt.name} needs an "
+                        f"explicit conversion ({hint})",
+                    )
+                    return None
+                conversion = usable[0]
+        elif fmt.is_grouped:
+            if dtype not in GROUPED_SOURCES:
+                self.err(
+                    rule, f"{what} is {dtype}; {fmt.name} encodes only BF16, F16 or F32 sources"
+                )
+                return None
+            if len(shape) != 2 or shape[0] == 0 or shape[1] == 0:
+                self.err(
+                    rule,
+                    f"{what} has shape {list(shape)}; {fmt.name} ({fmt.layout}) "
+                    "takes positive rank-two matrices [N, K] (add a reshape or transpose "
+                    "transform, or choose a direct format)",
+                )
+                return None
+        return self._finish(cand, fmt, shape, conversion, transforms)
+
+    def _copy_entry(self, cand: _Candidate, fmt: NumericFormat) -> PlanEntry | None:
+        rule = cand.rule
+        parts = {f: i for i, f in cand.sources}
+        what = f"{cand.output!r}"
+        bad: list[str] = []
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                bad.append(msg)
+
+        def desc(i: SourceTensorInfo) -> str:
+            return f"{i.name} is {i.dtype} {list(i.shape)}"
+
+        shape: tuple[int, ...] = ()
+        if fmt.category is Category.BLOCK_SCALED:
+            p, s = parts["packed-codes"], parts["block-scales"]
+            g = parts.get("global-divisor") or parts["global-multiplier"]
+            need(
+                p.dtype == "U8" and len(p.shape) == 2 and min(p.shape) > 0,
+                f"{desc(p)}; packed E2M1 codes must be U8 [N, K/2] with N, K > 0",
+            )
+            if p.dtype == "U8" and len(p.shape) == 2 and min(p.shape) > 0:
+                n, k = p.shape[0], 2 * p.shape[1]
+                shape = (n, k)
+                need(
+                    k % 16 == 0,
+                    f"{desc(p)} gives K = {k}, which NVFP4 cannot take (K must be "
+                    "a multiple of 16)",
+                )
+                if k % 16 == 0:
+                    need(
+                        s.dtype == "F8_E4M3" and s.shape == (n, k // 16),
+                        f"{desc(s)}; block scales must be F8_E4M3 [{n}, {k // 16}]",
+                    )
+            need(
+                g.dtype == "F32" and g.shape in ((), (1,)),
+                f"{desc(g)}; the global scale must be one F32 value ([1] or [])",
+            )
+        else:
+            c, s = parts["codes"], parts["row-scales"]
+            need(
+                c.dtype == "F8_E4M3" and len(c.shape) == 2 and min(c.shape) > 0,
+                f"{desc(c)}; FP8 codes must be F8_E4M3 [N, K] with N, K > 0",
+            )
+            if len(c.shape) == 2:
+                shape = c.shape
+                need(
+                    s.dtype in ("F32", "BF16", "F16") and s.shape == (c.shape[0], 1),
+                    f"{desc(s)}; channel scales must be F32, BF16 or F16 [{c.shape[0]}, 1]",
+                )
+        if bad:
+            for msg in bad:
+                self.err(rule, f"{what}: {msg}")
+            return None
+        return self._finish(cand, fmt, shape, None, [])
+
+
+def build_plan(
+    recipe: Recipe | str | os.PathLike[str],
+    source: SourceCheckpoint,
+    *,
+    check_identity: bool = True,
+) -> Plan:
+    """Plan ``source`` with ``recipe`` (a loaded :class:`Recipe`, or a recipe file path).
+
+    Given a path, problems of the recipe file itself and of applying it to the source are
+    reported together.  Raises :class:`RecipeProblems` listing every problem found.
+    """
+    load_problems: list[Problem] = []
+    if isinstance(recipe, Recipe):
+        loaded: Recipe | None = recipe
+        path = recipe.path
+    else:
+        path = os.fspath(recipe)
+        loaded, load_problems = parse_recipe_file(path)
+    if loaded is None:
+        raise RecipeProblems(load_problems, path=path, stage="in the recipe")
+
+    planner = _Planner(loaded, source)
+    identity = planner.identity()
+    planner.claim_all()
+    entries = planner.entries()
+    problems = list(load_problems)
+    if check_identity:
+        problems += identity
+    problems += planner.problems
+    if problems:
+        applied = planner.problems or (identity if check_identity else [])
+        stage = f"applying the recipe to {source.path}" if applied else "in the recipe"
+        raise RecipeProblems(problems, path=path, stage=stage)
+
+    totals: dict[str, list[int]] = {}
+    for e in entries:
+        t = totals.setdefault(e.format, [0, 0, 0, 0])
+        t[0] += 1
+        t[1] += e.numel
+        t[2] += e.encoded_bytes
+        t[3] += e.source_bytes
+    return Plan(
+        recipe=loaded,
+        source_path=str(source.path),
+        source_kind=source.kind,
+        source_files=tuple(source.files),
+        identity_checked=check_identity,
+        identity_mismatches=() if check_identity else tuple(p.render() for p in identity),
+        entries=tuple(entries),
+        skipped=tuple(sorted(planner.skipped, key=lambda s: s.name)),
+        totals=tuple(FormatTotal(f, *totals[f]) for f in FORMATS if f in totals),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _lookup(cfg: Mapping[str, object], dotted: str) -> tuple[bool, object]:
+    cur: object = cfg
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return False, None
+        cur = cur[part]
+    return True, cur
+
+
+def _json_equal(a: object, b: object) -> bool:
+    """Equality that keeps JSON types apart (True != 1, 1 == 1.0 only for numbers)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _concat_shape(shapes: Sequence[tuple[int, ...]], axis: int) -> tuple[int, ...] | str:
+    rank = len(shapes[0])
+    if any(len(s) != rank for s in shapes):
+        return "ranks differ"
+    if axis >= rank:
+        return f"the inputs have rank {rank}"
+    for s in shapes[1:]:
+        for d in range(rank):
+            if d != axis and s[d] != shapes[0][d]:
+                return f"dimension {d} differs"
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    return tuple(out)
+
+
+def _reshape(shape: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+    numel = 1
+    for d in shape:
+        numel *= d
+    known = 1
+    for d in target:
+        if d != -1:
+            known *= d
+    if -1 in target:
+        if known == 0 or numel % known:
+            return None
+        new = tuple(numel // known if d == -1 else d for d in target)
+    else:
+        new = target
+    prod = 1
+    for d in new:
+        prod *= d
+    return new if prod == numel else None
+
+
+def _encoded_size(fmt: NumericFormat, shape: tuple[int, ...]) -> int | str:
+    """Bytes from the layout registry, or the layout's reason for refusing the shape."""
+    from ..layouts import lookup_layout  # lazy: layouts import numpy-heavy modules
+
+    try:
+        return int(lookup_layout(fmt.layout).encoded_size(fmt.name, shape))
+    except NinferError as exc:
+        return exc.message

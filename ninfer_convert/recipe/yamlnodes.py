@@ -1,0 +1,107 @@
+"""YAML to line-annotated values, strictly: no duplicate keys, no aliases, no merge keys.
+
+Contract: :func:`load_nodes` parses one YAML document into :class:`YNode` values whose
+``value`` is a ``dict[str, YNode]``, a ``list[YNode]`` or a plain scalar (str, int, float, bool,
+None), and whose ``line`` is the 1-based line where the node starts.  Duplicate mapping keys,
+non-string keys, anchors/aliases, merge keys (``<<``), tags other than the core ones, dates and
+multiple documents are refused as :class:`YamlProblem` carrying the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+__all__ = ["Scalar", "YNode", "YamlProblem", "load_nodes"]
+
+Scalar = str | int | float | bool | None
+
+_CORE_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:map",
+    "tag:yaml.org,2002:seq",
+}
+
+
+class YamlProblem(Exception):
+    """A YAML-level problem at a 1-based line (``None`` when the position is unknown)."""
+
+    def __init__(self, line: int | None, message: str) -> None:
+        self.line = line
+        self.message = message
+        super().__init__(f"line {line}: {message}" if line else message)
+
+
+@dataclass(frozen=True, eq=False)
+class YNode:
+    value: Any
+    """``dict[str, YNode]``, ``list[YNode]`` or a scalar."""
+    line: int
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.value, dict):
+            return "mapping"
+        if isinstance(self.value, list):
+            return "list"
+        return "scalar"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (and so anchors' reuse) while composing."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise YamlProblem(event.start_mark.line + 1, "YAML aliases (*name) are not allowed")
+        return super().compose_node(parent, index)
+
+
+def load_nodes(text: str) -> YNode:
+    """Parse ``text`` (one document) into line-annotated nodes; raise :class:`YamlProblem`."""
+    loader = _StrictLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else None
+            raise YamlProblem(line, f"YAML syntax: {exc.problem or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise YamlProblem(None, f"YAML: {exc}") from exc
+        if root is None:
+            raise YamlProblem(1, "the recipe is empty")
+        return _convert(loader, root)
+    finally:
+        loader.dispose()
+
+
+def _convert(loader: _StrictLoader, node: yaml.Node) -> YNode:
+    line = node.start_mark.line + 1
+    if node.tag not in _CORE_TAGS:
+        raise YamlProblem(line, f"YAML tag {node.tag!r} is not allowed")
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, YNode] = {}
+        for key_node, value_node in node.value:
+            kline = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise YamlProblem(kline, "YAML merge keys (<<) are not allowed")
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                raise YamlProblem(kline, "mapping keys must be plain strings")
+            key = key_node.value
+            if key in out:
+                raise YamlProblem(kline, f"duplicate key {key!r} (first at line {out[key].line})")
+            out[key] = _convert(loader, value_node)
+        return YNode(out, line)
+    if isinstance(node, yaml.SequenceNode):
+        return YNode([_convert(loader, item) for item in node.value], line)
+    value = loader.construct_object(node, deep=True)
+    if not isinstance(value, (str, int, float, bool)) and value is not None:
+        raise YamlProblem(line, f"unsupported YAML value {node.value!r}")
+    return YNode(value, line)
