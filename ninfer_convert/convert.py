@@ -1,0 +1,408 @@
+"""``ninfer convert``: plan, derive, encode and write an artifact, streaming and crash-safe.
+
+Contract:
+
+* :func:`plan_conversion` reads metadata only (shard headers, config.json, the recipe) and
+  returns the complete plan; every recipe problem is reported before any tensor byte is read.
+* :func:`derive_logical` is the one definition of "the words stored for a plan entry": it
+  materialises the entry's sources (transforms, conversions, copy paths and constraint checks
+  live in :mod:`.recipe`), runs the canonical encoder for grouped formats and checks the value
+  invariants of the result.  ``ninfer verify`` calls it too, so producer and verifier cannot
+  drift apart.
+* :func:`convert_checkpoint` streams the plan: worker threads derive, encode and pack tensors
+  while the calling thread writes them in plan order, so the artifact is byte-identical for any
+  ``jobs`` and device.  Work in flight is bounded by source bytes (at most the largest tensor's
+  bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
+  model.  Everything is staged by :class:`~.container.ArtifactWriter` and renamed into place
+  only when complete; a failure or Ctrl-C leaves nothing under the output name.
+* On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
+  boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
+  of every GPU-encoded tensor is re-encoded on the host and compared.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import __version__
+from .container import DEFAULT_ALIGNMENT, ArtifactWriter
+from .encoder import encode_grouped_words
+from .encoder.parity import cuda_parity_gate, spot_check_rows
+from .errors import EncodeError, UsageError
+from .formats import lookup_format
+from .layouts import lookup_layout
+from .logical import GroupedCodes, LogicalTensor
+from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, load_recipe, materialize
+from .source import SourceCheckpoint, open_source
+from .validate import validate_logical
+
+__all__ = [
+    "ConvertReport",
+    "DerivedTensor",
+    "ProgressEvent",
+    "convert_checkpoint",
+    "derive_logical",
+    "plan_conversion",
+    "resolve_device",
+]
+
+PRODUCER_NAME = "ninfer-convert"
+_MIN_INFLIGHT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class DerivedTensor:
+    """The stored words of one plan entry, and what was read to make them."""
+
+    entry: PlanEntry
+    logical: LogicalTensor
+    encode_input: EncodeInput | None
+    """The source words a grouped tensor was encoded from (for error statistics)."""
+    source_digests: dict[str, str]
+    device: str
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Emitted after each tensor is written (and once at the start with ``done == 0``)."""
+
+    tensor: str | None
+    done: int
+    total: int
+    source_bytes_done: int
+    source_bytes_total: int
+    written_bytes: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    output: Path
+    plan: Plan
+    device: str
+    jobs: int
+    tensors: int
+    source_bytes: int
+    written_bytes: int
+    files: tuple[str, ...]
+    elapsed_s: float
+    spot_checked_rows: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        totals = self.plan.to_dict()["totals"]
+        return {
+            "output": str(self.output),
+            "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
+            "source": self.plan.source_path,
+            "device": self.device,
+            "jobs": self.jobs,
+            "tensors": self.tensors,
+            "skipped": len(self.plan.skipped),
+            "source_bytes": self.source_bytes,
+            "written_bytes": self.written_bytes,
+            "files": list(self.files),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "throughput_source_bytes_per_s": (
+                round(self.source_bytes / self.elapsed_s) if self.elapsed_s > 0 else None
+            ),
+            "totals": totals,
+            "spot_checked_rows": self.spot_checked_rows,
+        }
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; 'cuda' without a GPU is an error."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    available = bool(torch.cuda.is_available())
+    if device == "cuda" and not available:
+        raise UsageError(
+            "--device cuda was requested but torch sees no CUDA device",
+            hint="use --device cpu or auto",
+        )
+    return "cuda" if available else "cpu"
+
+
+def plan_conversion(
+    source: str | Path | SourceCheckpoint,
+    recipe: str | Path | Recipe,
+    *,
+    check_identity: bool = True,
+) -> tuple[SourceCheckpoint, Plan]:
+    """Open the source and plan it against the recipe (metadata only)."""
+    src = source if isinstance(source, SourceCheckpoint) else open_source(source)
+    rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    return src, build_plan(rec, src, check_identity=check_identity)
+
+
+def derive_logical(
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    *,
+    backend: str = "numpy",
+    device: str | None = None,
+    threads: int = 2,
+) -> DerivedTensor:
+    """Materialise one plan entry and encode it: exactly the words convert stores."""
+    m = materialize(entry, source)
+    value = m.value
+    used = "cpu"
+    if isinstance(value, EncodeInput):
+        encode_input: EncodeInput | None = value
+        if device == "cuda":
+            backend, used = "torch", "cuda"
+        logical: LogicalTensor = encode_grouped_words(
+            value.words,
+            value.source_dtype,
+            entry.format,
+            backend=backend,
+            device=device,
+            tensor=entry.output,
+            threads=threads,
+        )
+    else:
+        encode_input = None
+        logical = value
+    # The producer establishes every value invariant before a byte is written (spec Sec. 9).
+    validate_logical(entry.format, logical, entry.output)
+    return DerivedTensor(entry, logical, encode_input, dict(m.source_digests), used)
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance and metadata
+
+
+def provenance_of(entry: PlanEntry) -> dict[str, Any]:
+    transforms: list[dict[str, Any]] = []
+    for t in entry.transforms:
+        if t.op == "concat":
+            transforms.append({"op": "concat", "axis": t.axis})
+        elif t.op == "reshape":
+            transforms.append({"op": "reshape", "shape": list(t.shape or ())})
+        else:
+            transforms.append({"op": "transpose"})
+    if entry.copy is not None:
+        transforms.append({"op": "copy-quantized", "scheme": entry.copy})
+    return {
+        "sources": [
+            {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "file": s.file}
+            for s in entry.sources
+        ],
+        "conversion": entry.conversion,
+        "transforms": transforms,
+        "encoder_profile": entry.encoder_profile,
+        "rule": {"index": entry.rule.index, "line": entry.rule.line, "pattern": entry.rule.pattern},
+        "constraints": list(entry.constraints),
+    }
+
+
+def _metadata(
+    plan: Plan, source: SourceCheckpoint, digests: dict[str, str], alignment: int
+) -> dict[str, Any]:
+    recipe = plan.recipe
+    evidence = [
+        f"{e.id}: {e.citation}" + (f" <{e.url}>" if e.url else "") + f" - {e.summary}"
+        for e in recipe.evidence
+    ]
+    tensors = {
+        name: {"dtype": info.dtype, "shape": list(info.shape), "digest": digests[name]}
+        for name, info in sorted(source.tensors.items())
+        if name in digests
+    }
+    return {
+        "producer": {"name": PRODUCER_NAME, "version": __version__},
+        "recipe": {
+            "name": recipe.name,
+            "text": recipe.text,
+            "digest": recipe.digest,
+            "evidence": evidence,
+        },
+        "source": {
+            "kind": plan.source_kind,
+            "path": plan.source_path,
+            "config": source.config,
+            "files": [{"name": n, "size": s} for n, s in plan.source_files],
+            "tensors": tensors,
+        },
+        "alignment": alignment,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the streaming pipeline
+
+
+@dataclass
+class _Packed:
+    derived: DerivedTensor
+    planes: list[npt.NDArray[np.uint8]]
+    spot_rows: int
+
+
+def _derive_and_pack(
+    entry: PlanEntry, source: SourceCheckpoint, device: str, threads: int, seed: int
+) -> _Packed:
+    derived = derive_logical(entry, source, device=device, threads=threads)
+    spot = 0
+    if derived.device == "cuda" and derived.encode_input is not None:
+        assert isinstance(derived.logical, GroupedCodes)
+        spot = spot_check_rows(
+            derived.encode_input.words,
+            derived.encode_input.source_dtype,
+            entry.format,
+            derived.logical,
+            tensor=entry.output,
+            seed=seed,
+        )
+    layout = lookup_layout(lookup_format(entry.format).layout)
+    planes = [np.asarray(p) for p in layout.pack(entry.format, derived.logical)]
+    # Keep only what the writer and the report need: the encode input may be a large copy.
+    slim = DerivedTensor(entry, derived.logical, None, derived.source_digests, derived.device)
+    return _Packed(slim, planes, spot)
+
+
+def _bounded(
+    entries: tuple[PlanEntry, ...], submit: Callable[[PlanEntry], Future[_Packed]], budget: int
+) -> Iterator[tuple[PlanEntry, Future[_Packed]]]:
+    """Yield (entry, future) in plan order, keeping in-flight source bytes within ``budget``
+    (a single entry larger than the budget runs alone)."""
+    window: deque[tuple[PlanEntry, Future[_Packed]]] = deque()
+    inflight = 0
+    it = iter(entries)
+    pending: PlanEntry | None = next(it, None)
+    while window or pending is not None:
+        while pending is not None and (not window or inflight + pending.source_bytes <= budget):
+            window.append((pending, submit(pending)))
+            inflight += pending.source_bytes
+            pending = next(it, None)
+        entry, fut = window.popleft()
+        yield entry, fut
+        inflight -= entry.source_bytes
+
+
+def convert_checkpoint(
+    source: str | Path | SourceCheckpoint,
+    recipe: str | Path | Recipe,
+    output: str | Path,
+    *,
+    device: str = "auto",
+    jobs: int = 2,
+    max_shard_size: int | None = None,
+    force: bool = False,
+    check_identity: bool = True,
+    alignment: int = DEFAULT_ALIGNMENT,
+    progress: Callable[[ProgressEvent], None] | None = None,
+) -> ConvertReport:
+    """Convert ``source`` with ``recipe`` into the model directory ``output``."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
+    started = time.perf_counter()
+    src, plan = plan_conversion(source, recipe, check_identity=check_identity)
+    used_device = resolve_device(device)
+    grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
+    if used_device == "cuda" and grouped:
+        cuda_parity_gate(grouped, device="cuda")
+
+    total_bytes = sum(e.source_bytes for e in plan.entries)
+    largest = max((e.source_bytes for e in plan.entries), default=0)
+    budget = max(largest, _MIN_INFLIGHT_BYTES)
+    digests: dict[str, str] = {}
+    done = 0
+    done_bytes = 0
+    spot_rows = 0
+
+    def emit(name: str | None, written: int) -> None:
+        if progress is not None:
+            progress(
+                ProgressEvent(
+                    name, done, len(plan.entries), done_bytes, total_bytes, written,
+                    time.perf_counter() - started,
+                )
+            )  # fmt: skip
+
+    metadata = _metadata(plan, src, {}, alignment)
+    cancel = threading.Event()
+    with ArtifactWriter(
+        output,
+        metadata=metadata,
+        alignment=alignment,
+        max_shard_size=max_shard_size,
+        overwrite=force,
+    ) as writer:
+        emit(None, 0)
+        written = 0
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-encode") as pool:
+
+            def submit(entry: PlanEntry) -> Future[_Packed]:
+                seed = (entry.rule.index << 20) ^ done
+                return pool.submit(_guarded, cancel, entry, src, used_device, jobs, seed)
+
+            try:
+                for entry, fut in _bounded(plan.entries, submit, budget):
+                    packed = fut.result()
+                    info = writer.add_packed(
+                        entry.output,
+                        entry.format,
+                        entry.shape,
+                        packed.planes,
+                        role=entry.role,
+                        provenance=provenance_of(entry),
+                    )
+                    written += info.nbytes
+                    digests.update(packed.derived.source_digests)
+                    spot_rows += packed.spot_rows
+                    done += 1
+                    done_bytes += entry.source_bytes
+                    del packed
+                    emit(entry.output, written)
+            except BaseException:
+                cancel.set()
+                raise
+        # Skipped tensors are part of the source identity too: digest them while reading.
+        for skipped in plan.skipped:
+            digests[skipped.name] = src.read(skipped.name).digest
+        for path in src.side_files:
+            writer.add_file(path, path.name)
+        writer.set_metadata(_metadata(plan, src, digests, alignment))
+        out = writer.commit()
+    files = tuple(sorted(p.name for p in Path(out).iterdir()))
+    return ConvertReport(
+        output=Path(out),
+        plan=plan,
+        device=used_device,
+        jobs=jobs,
+        tensors=len(plan.entries),
+        source_bytes=total_bytes,
+        written_bytes=written,
+        files=files,
+        elapsed_s=time.perf_counter() - started,
+        spot_checked_rows=spot_rows,
+    )
+
+
+def _guarded(
+    cancel: threading.Event,
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    device: str,
+    threads: int,
+    seed: int,
+) -> _Packed:
+    if cancel.is_set():
+        raise EncodeError("conversion cancelled", tensor=entry.output)
+    return _derive_and_pack(entry, source, device, threads, seed)
