@@ -61,7 +61,7 @@ def _calibrate(model: torch.nn.Module, vocab_size: int) -> None:
     }
     input_amax: dict[str, torch.Tensor] = {}
 
-    def hook(name: str):  # noqa: ANN202 - torch hook factory
+    def hook(name: str):
         def record(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             amax = args[0].detach().abs().amax().float()
             input_amax[name] = torch.maximum(input_amax.get(name, amax), amax)
