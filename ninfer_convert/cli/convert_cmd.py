@@ -1,13 +1,187 @@
-"""``ninfer convert``."""
+"""``ninfer convert SOURCE --recipe RECIPE --output OUT``.
+
+A thin layer over :func:`ninfer_convert.convert.convert_checkpoint` and
+:func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).
+"""
 
 from __future__ import annotations
 
-import click
+import json
+import re
+import sys
+import time
 
+import click
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TaskID,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
+from ..recipe import Plan
+from .render import human_bytes, make_console
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
+          "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
+          "TIB": 2**40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912 (the Hugging Face spelling)."""
+    m = _SIZE.match(text)
+    unit = (m.group(2) or "").upper() if m else None
+    if m is None or unit not in _UNITS:
+        raise UsageError(
+            f"cannot read size {text!r}", hint="write e.g. 5GB, 500MB, 2GiB or a byte count"
+        )
+    size = int(m.group(1)) * _UNITS[unit]
+    if size <= 0:
+        raise UsageError(f"--max-shard-size must be positive, got {text!r}")
+    return size
+
+
+def render_plan(plan: Plan) -> None:
+    console = make_console()
+    table = Table(title=f"Plan: recipe {plan.recipe.name} on {plan.source_path}")
+    for col in ("tensor", "source", "rule", "format", "shape", "encoded"):
+        table.add_column(col, overflow="fold")
+    for e in plan.entries:
+        src = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in e.sources)
+        rule = f"{e.rule.index + 1} (line {e.rule.line})"
+        conv = f" via {e.conversion}" if e.conversion else ""
+        table.add_row(e.output, src + conv, rule, e.format, str(list(e.shape)),
+                      human_bytes(e.encoded_bytes))  # fmt: skip
+    console.print(table)
+    totals = Table(title="Totals per format")
+    for col in ("format", "tensors", "weights", "source", "encoded", "bits/weight"):
+        totals.add_column(col)
+    for t in plan.totals:
+        totals.add_row(t.format, str(t.tensors), f"{t.weights:,}", human_bytes(t.source_bytes),
+                       human_bytes(t.encoded_bytes), f"{t.bits_per_weight:.3f}")  # fmt: skip
+    totals.add_row("all", str(len(plan.entries)), f"{plan.total_weights:,}",
+                   human_bytes(plan.total_source_bytes), human_bytes(plan.total_encoded_bytes),
+                   f"{plan.bits_per_weight:.3f}")  # fmt: skip
+    console.print(totals)
+    if plan.skipped:
+        console.print(f"{len(plan.skipped)} source tensors skipped by the recipe.")
+    for m in plan.identity_mismatches:
+        console.print(f"[yellow]identity check overridden:[/] {m}")
+
+
+class _Reporter:
+    """Rich progress bar on a terminal; one plain line per ~5 s (and at the end) otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.last = 0.0
+
+    def __enter__(self) -> _Reporter:
+        if self.tty and not self.quiet:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), TimeRemainingColumn(),
+                TextColumn("{task.fields[tensors]}"), console=make_console(stderr=True),
+            )  # fmt: skip
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(None, None, None)
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        if self.quiet:
+            return
+        if self.progress is not None:
+            if self.task is None:
+                self.task = self.progress.add_task(
+                    "converting", total=ev.source_bytes_total, tensors=""
+                )
+            self.progress.update(
+                self.task, completed=ev.source_bytes_done, tensors=f"{ev.done}/{ev.total} tensors"
+            )
+            return
+        now = time.monotonic()
+        if ev.done in (0, ev.total) or now - self.last >= 5.0:
+            self.last = now
+            rate = ev.source_bytes_done / ev.elapsed_s if ev.elapsed_s > 0 else 0.0
+            click.echo(
+                f"[{ev.done}/{ev.total} tensors] {human_bytes(ev.source_bytes_done)} of "
+                f"{human_bytes(ev.source_bytes_total)} read, {human_bytes(ev.written_bytes)} "
+                f"written, {human_bytes(int(rate))}/s",
+                err=True,
+            )
+
+
+def render_report(report: ConvertReport) -> None:
+    console = make_console()
+    rate = report.source_bytes / report.elapsed_s if report.elapsed_s > 0 else 0.0
+    console.print(
+        f"Wrote {report.output} ({', '.join(report.files)}): {report.tensors} tensors, "
+        f"{human_bytes(report.source_bytes)} read -> {human_bytes(report.written_bytes)} written "
+        f"in {report.elapsed_s:.2f} s ({human_bytes(int(rate))}/s) on {report.device}."
+    )
+    console.print(f"Next: ninfer verify {report.output}")
 
 
 @click.command("convert")
-def command() -> None:
-    """Not built yet."""
-    raise UsageError("'ninfer convert' is not built yet")
+@click.argument("source")
+@click.option("--recipe", "recipe", required=True, type=click.Path(dir_okay=False),
+              help="YAML checkpoint recipe.")  # fmt: skip
+@click.option("--output", "output", type=click.Path(file_okay=False),
+              help="Model directory to create (required unless --dry-run).")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where grouped tensors are encoded.")  # fmt: skip
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Worker threads.")  # fmt: skip
+@click.option("--max-shard-size", "max_shard_size", default=None,
+              help="Split the artifact into shards of at most this size (e.g. 5GB).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Print the plan and exit without writing.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--ignore-identity", is_flag=True,
+              help="Convert even if config.json does not match the recipe's identity.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+def command(
+    source: str,
+    recipe: str,
+    output: str | None,
+    device: str,
+    jobs: int,
+    max_shard_size: str | None,
+    dry_run: bool,
+    force: bool,
+    ignore_identity: bool,
+    as_json: bool,
+) -> None:
+    """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
+    org/name repo id) into a .ninfer model directory."""
+    shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
+    if dry_run:
+        _, plan = plan_conversion(source, recipe, check_identity=not ignore_identity)
+        if as_json:
+            click.echo(plan.to_json())
+        else:
+            render_plan(plan)
+        return
+    if output is None:
+        raise UsageError("--output is required (or use --dry-run)")
+    with _Reporter(quiet=as_json) as reporter:
+        report = convert_checkpoint(
+            source, recipe, output, device=device, jobs=jobs, max_shard_size=shard_size,
+            force=force, check_identity=not ignore_identity, progress=reporter,
+        )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_report(report)
