@@ -16,8 +16,8 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
-    TextColumn,
     TaskID,
+    TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
