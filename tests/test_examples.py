@@ -376,25 +376,25 @@ _LAYER = r"model\.language_model\.layers\.\d+\."
 MIXTURE_BF16 = {
     r"mtp\..*": ("BF16", "mtp"),
     r"model\.visual\..*": ("BF16", "vision"),
-    r".*\.linear_attn\.in_proj_[ab]\.weight": ("BF16", "gdn.gate_proj"),
-    r".*\.linear_attn\.conv1d\.weight": ("BF16", "gdn.conv"),
+    r".*\.linear_attn\.in_proj_[ab]\.weight": ("BF16", "gdn-gate-proj"),
+    r".*\.linear_attn\.conv1d\.weight": ("BF16", "gdn-conv"),
     r".*\.linear_attn\.(A_log|dt_bias)": ("BF16", "recurrent"),
     r"model\.language_model\.(norm|layers\.\d+\.(input_layernorm|post_attention_layernorm"
     r"|linear_attn\.norm|self_attn\.[qk]_norm))\.weight": ("BF16", "norm"),
-    _LAYER + r"mlp\.(gate|up)_proj\.weight": ("Q4G64_F16S", "mlp.gate_up"),
-    _LAYER + r"mlp\.down_proj\.weight": ("Q5G64_F16S", "mlp.down"),
-    r".*\.linear_attn\.in_proj_(qkv|z)\.weight": ("Q6G64_F16S", "gdn.in_proj"),
-    r".*\.linear_attn\.out_proj\.weight": ("W8G32_F16S", "gdn.out_proj"),
-    _LAYER + r"self_attn\.[qkvo]_proj\.weight": ("W8G32_F16S", "attn.proj"),
-    r"model\.language_model\.embed_tokens\.weight": ("W8G32_F16S", "embedding"),
-    r"lm_head\.weight": ("W8G32_F16S", "output_head"),
+    _LAYER + r"mlp\.(gate|up)_proj\.weight": ("Q4G64_F16S", "mlp-gate-up"),
+    _LAYER + r"mlp\.down_proj\.weight": ("Q5G64_F16S", "mlp-down"),
+    r".*\.linear_attn\.in_proj_(qkv|z)\.weight": ("Q6G64_F16S", "gdn-in-proj"),
+    r".*\.linear_attn\.out_proj\.weight": ("W8G32_F16S", "gdn-out-proj"),
+    _LAYER + r"self_attn\.[qkvo]_proj\.weight": ("W8G32_F16S", "attention-proj"),
+    r"model\.language_model\.embed_tokens\.weight": ("W8G32_F16S", "token-embedding"),
+    r"lm_head\.weight": ("W8G32_F16S", "output-head"),
 }
-_NVFP4_ROLES = ("mlp.gate_up", "mlp.down", "attn.proj")
+_NVFP4_ROLES = ("mlp-gate-up", "mlp-down", "attention-proj")
 MIXTURE_NVFP4 = {
     **{k: v for k, v in MIXTURE_BF16.items() if v[1] not in _NVFP4_ROLES},
     _LAYER + r"mlp\.(gate|up|down)_proj\.weight": ("NVFP4", "mlp"),
-    _LAYER + r"self_attn\.[qkvo]_proj\.weight": ("NVFP4", "attn.proj"),
-    r".*\.input_global_scale": ("FP32", "activation_divisor"),
+    _LAYER + r"self_attn\.[qkvo]_proj\.weight": ("NVFP4", "attention-proj"),
+    r".*\.input_global_scale": ("FP32", "nvfp4-input-divisor"),
 }
 
 
