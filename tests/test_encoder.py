@@ -13,7 +13,6 @@ from hypothesis.extra import numpy as hnp
 from parity import assert_same_encoding
 
 from ninfer_convert import dequantize_grouped, encode_grouped, encode_grouped_words
-from ninfer_convert.errors import EncodeError
 from ninfer_convert.encoder.corpus import RECIP_VS_DIV_CASES, boundary_corpus, failing_corpus
 from ninfer_convert.encoder.oracle import (
     BINARY16,
@@ -22,6 +21,7 @@ from ninfer_convert.encoder.oracle import (
     encode_group_oracle,
     round_to_binary,
 )
+from ninfer_convert.errors import EncodeError
 from ninfer_convert.formats import FORMATS
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
@@ -82,7 +82,9 @@ def test_positive_and_negative_ties_go_to_even(fmt: str) -> None:
 
 
 @pytest.mark.parametrize(("qmax", "s_word", "x_word"), RECIP_VS_DIV_CASES)
-def test_reciprocal_multiply_not_division_picks_the_code(qmax: int, s_word: int, x_word: int) -> None:
+def test_reciprocal_multiply_not_division_picks_the_code(
+    qmax: int, s_word: int, x_word: int
+) -> None:
     fmt = next(name for name in GROUPED if FORMATS[name].qmax == qmax)
     s32 = np.array([s_word], np.uint16).view(np.float16).astype(np.float32)[0]
     x = np.array([x_word], np.uint32).view(np.float32)[0]
@@ -263,7 +265,9 @@ def test_dequantize_is_the_exact_scale_times_code_product(fmt: str) -> None:
     out = dequantize_grouped(codes, scales, fmt)
     for r in range(n):
         for c in range(k):
-            exact = decode_binary(int(scales[r, c // entry.group_size]), BINARY16) * int(codes[r, c])
+            exact = decode_binary(int(scales[r, c // entry.group_size]), BINARY16) * int(
+                codes[r, c]
+            )
             want = round_to_binary(exact, BINARY32)  # a zero code gives +0 (positive scale)
             got = int(out[r : r + 1, c].view(np.uint32)[0])
             assert got == want, (r, c, hex(got), hex(want))

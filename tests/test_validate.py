@@ -30,8 +30,11 @@ def _grouped(fmt: str, k: int = 40) -> tuple[np.ndarray, np.ndarray]:
     return codes, scales
 
 
-@pytest.mark.parametrize(("fmt", "lo", "hi"), [("Q4G64_F16S", -8, 7), ("Q5G64_F16S", -16, 15),
-                                               ("Q6G64_F16S", -32, 31), ("W8G32_F16S", -127, 127)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fmt", "lo", "hi"),
+    [("Q4G64_F16S", -8, 7), ("Q5G64_F16S", -16, 15), ("Q6G64_F16S", -32, 31),
+     ("W8G32_F16S", -127, 127)],
+)  # fmt: skip
 def test_grouped_code_interval_endpoints(fmt: str, lo: int, hi: int) -> None:
     codes, scales = _grouped(fmt)
     codes[0, 0], codes[0, 1] = lo, hi
