@@ -179,9 +179,11 @@ def parse_recipe(text: str, *, path: str | None = None) -> tuple[Recipe | None, 
     """Validate ``text``; return the recipe of every usable part and all problems found."""
     ctx = _Ctx()
     try:
-        root = load_nodes(text)
+        root, yaml_problems = load_nodes(text)
     except YamlProblem as exc:
         return None, [Problem(exc.line, exc.message)]
+    for yp in yaml_problems:
+        ctx.err(yp.line, yp.message)
     if not ctx.keys(root, "the recipe", _TOP_REQUIRED, _TOP_REQUIRED | _TOP_OPTIONAL):
         return None, ctx.problems
     top: dict[str, YNode] = root.value

@@ -2,9 +2,11 @@
 
 Contract: :func:`load_nodes` parses one YAML document into :class:`YNode` values whose
 ``value`` is a ``dict[str, YNode]``, a ``list[YNode]`` or a plain scalar (str, int, float, bool,
-None), and whose ``line`` is the 1-based line where the node starts.  Duplicate mapping keys,
-non-string keys, anchors/aliases, merge keys (``<<``), tags other than the core ones, dates and
-multiple documents are refused as :class:`YamlProblem` carrying the line.
+None), and whose ``line`` is the 1-based line where the node starts.  It returns the tree with
+every problem it could recover from (duplicate mapping keys: the first value is kept; non-string
+keys, merge keys (``<<``), tags other than the core ones and dates: the entry is dropped).
+Syntax errors, aliases and multiple documents cannot be recovered from and raise
+:class:`YamlProblem`.
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ class _StrictLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def load_nodes(text: str) -> YNode:
-    """Parse ``text`` (one document) into line-annotated nodes; raise :class:`YamlProblem`."""
+def load_nodes(text: str) -> tuple[YNode, list[YamlProblem]]:
+    """Parse ``text`` (one document) into line-annotated nodes plus recoverable problems."""
     loader = _StrictLoader(text)
+    problems: list[YamlProblem] = []
     try:
         try:
             root = loader.get_single_node()
@@ -77,31 +80,45 @@ def load_nodes(text: str) -> YNode:
             raise YamlProblem(None, f"YAML: {exc}") from exc
         if root is None:
             raise YamlProblem(1, "the recipe is empty")
-        return _convert(loader, root)
+        node = _convert(loader, root, problems)
+        if node is None:
+            raise problems.pop()
+        return node, problems
     finally:
         loader.dispose()
 
 
-def _convert(loader: _StrictLoader, node: yaml.Node) -> YNode:
+def _convert(loader: _StrictLoader, node: yaml.Node, problems: list[YamlProblem]) -> YNode | None:
+    """Convert one node; ``None`` (with a problem recorded) drops it."""
     line = node.start_mark.line + 1
     if node.tag not in _CORE_TAGS:
-        raise YamlProblem(line, f"YAML tag {node.tag!r} is not allowed")
+        problems.append(YamlProblem(line, f"YAML tag {node.tag!r} is not allowed"))
+        return None
     if isinstance(node, yaml.MappingNode):
         out: dict[str, YNode] = {}
         for key_node, value_node in node.value:
             kline = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise YamlProblem(kline, "YAML merge keys (<<) are not allowed")
+                problems.append(YamlProblem(kline, "YAML merge keys (<<) are not allowed"))
+                continue
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
-                raise YamlProblem(kline, "mapping keys must be plain strings")
+                problems.append(YamlProblem(kline, "mapping keys must be plain strings"))
+                continue
             key = key_node.value
             if key in out:
-                raise YamlProblem(kline, f"duplicate key {key!r} (first at line {out[key].line})")
-            out[key] = _convert(loader, value_node)
+                problems.append(
+                    YamlProblem(kline, f"duplicate key {key!r} (first at line {out[key].line})")
+                )
+                continue
+            value = _convert(loader, value_node, problems)
+            if value is not None:
+                out[key] = value
         return YNode(out, line)
     if isinstance(node, yaml.SequenceNode):
-        return YNode([_convert(loader, item) for item in node.value], line)
-    value = loader.construct_object(node, deep=True)
-    if not isinstance(value, (str, int, float, bool)) and value is not None:
-        raise YamlProblem(line, f"unsupported YAML value {node.value!r}")
-    return YNode(value, line)
+        items = [_convert(loader, item, problems) for item in node.value]
+        return YNode([i for i in items if i is not None], line)
+    scalar = loader.construct_object(node, deep=True)
+    if not isinstance(scalar, (str, int, float, bool)) and scalar is not None:
+        problems.append(YamlProblem(line, f"unsupported YAML value {node.value!r}"))
+        return None
+    return YNode(scalar, line)
