@@ -456,3 +456,70 @@ def test_bf16_recipe_refuses_a_qwen35_style_f32_source(tmp_path: Path) -> None:
         build_plan(load_recipe(RECIPE_BF16), src)
     text = str(info.value)
     assert "A_log' is F32" in text and "linear_attn.norm.weight' is F32" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# the README's main command, end to end
+
+
+def _convert_api():
+    try:
+        from ninfer_convert.container import open_artifact
+        from ninfer_convert.convert import convert_checkpoint
+    except ImportError as exc:
+        pytest.skip(f"ninfer_convert.convert / container not available yet: {exc}")
+    return convert_checkpoint, open_artifact
+
+
+def _source_tensor(directory: Path, name: str) -> torch.Tensor:
+    shard = _index(directory)["weight_map"][name]  # type: ignore[index]
+    with safe_open(directory / shard, framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
+def test_bf16_example_converts_with_the_shipped_recipe(tmp_path: Path) -> None:
+    convert_checkpoint, open_artifact = _convert_api()
+    report = convert_checkpoint(BF16_DIR, RECIPE_BF16, tmp_path / "out", device="cpu", jobs=1)
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert (tmp_path / "out" / "generation_config.json").is_file()
+    art = open_artifact(tmp_path / "out")
+    assert set(art.tensors) == set(_headers(BF16_DIR)) == {e.output for e in report.plan.entries}
+    for name, info in art.tensors.items():
+        source = _source_tensor(BF16_DIR, name).float()
+        stored = torch.from_numpy(art.dequantize(name))
+        if info.format == "BF16":
+            assert torch.equal(stored, source), name
+        else:
+            # Grouped max-abs codes: every weight within half a step (scale / 2) of the source,
+            # and the step is at most group max-abs / qmax.
+            qmax = {"Q4G64_F16S": 7, "Q5G64_F16S": 15, "Q6G64_F16S": 31, "W8G32_F16S": 127}
+            bound = source.abs().amax() / qmax[info.format] * 0.51
+            assert (stored - source).abs().max() <= bound, name
+
+
+@pytest.mark.interop
+def test_nvfp4_example_converts_to_the_producers_own_dequantization(tmp_path: Path) -> None:
+    """The copied NVFP4 words decode to what compressed-tensors itself decodes them to."""
+    compressors = pytest.importorskip("compressed_tensors.compressors")
+    schemes = pytest.importorskip("compressed_tensors.quantization.quant_scheme")
+    convert_checkpoint, open_artifact = _convert_api()
+    convert_checkpoint(NVFP4_DIR, RECIPE_NVFP4, tmp_path / "out", device="cpu", jobs=1)
+    art = open_artifact(tmp_path / "out")
+    scheme = schemes.preset_name_to_scheme("NVFP4", ["Linear"])
+    nvfp4 = [n for n, info in art.tensors.items() if info.format == "NVFP4"]
+    assert len(nvfp4) == 16
+    for name in nvfp4:
+        parts = {
+            "weight_packed": _source_tensor(NVFP4_DIR, name + "_packed"),
+            "weight_scale": _source_tensor(NVFP4_DIR, name + "_scale"),
+            "weight_global_scale": _source_tensor(NVFP4_DIR, name + "_global_scale"),
+        }
+        reference = compressors.NVFP4PackedCompressor.decompress(parts, scheme)["weight"]
+        ours = torch.from_numpy(art.dequantize(name))
+        # compressed-tensors decodes into the unpacked dtype (BF16); compare at that precision.
+        assert torch.equal(ours.to(reference.dtype), reference), name
+    for name, info in art.tensors.items():
+        if name.endswith(".input_global_scale"):
+            assert info.format == "FP32" and info.role == "nvfp4-input-divisor"
+            stored = torch.from_numpy(art.dequantize(name))
+            assert torch.equal(stored, _source_tensor(NVFP4_DIR, name)), name
