@@ -32,7 +32,7 @@ import os
 import secrets
 import shutil
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -102,6 +102,18 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _naming(tensor: str) -> Iterator[None]:
+    """Attach the tensor name to an error raised by a layout, which does not know it."""
+    try:
+        yield
+    except NinferError as exc:
+        if exc.tensor is None:
+            exc.tensor = tensor
+            exc.args = (exc.render(),)
+        raise
 
 
 @dataclass(frozen=True)
@@ -272,7 +284,8 @@ class ArtifactWriter:
         layout = self._layout(fmt_name)
         self._entry_checks(name, fmt_name, role, provenance)
         shape = logical_shape(logical)
-        planes = layout.pack(fmt_name, logical)
+        with _naming(name):
+            planes = layout.pack(fmt_name, logical)
         return self._write(name, fmt_name, shape, planes, role, provenance, check_padding=False)
 
     def add_packed(
@@ -334,7 +347,7 @@ class ArtifactWriter:
         check_padding: bool,
     ) -> WrittenTensor:
         layout = self._layout(fmt_name)
-        try:
+        with _naming(name):
             specs = layout.planes(fmt_name, shape)
             physical = layout.physical_extents(fmt_name, shape)
             if isinstance(planes, (bytes, bytearray, memoryview, np.ndarray)) or len(planes) != len(
@@ -350,11 +363,6 @@ class ArtifactWriter:
                     raise UsageError(
                         "packed planes have non-canonical padding: " + "; ".join(problems[:4])
                     )
-        except NinferError as exc:
-            if exc.tensor is None:
-                exc.tensor = name
-                exc.args = (exc.render(),)
-            raise
         prov = Provenance.from_json(provenance, "provenance")
 
         shard = self._shards[-1]

@@ -128,6 +128,8 @@ class Layout(abc.ABC):
     """The exact registered layout name."""
     formats: frozenset[str]
     """Formats this layout stores (a closed whitelist)."""
+    logical_type: type
+    """The logical representation this layout packs and unpacks."""
 
     # -- geometry ------------------------------------------------------------------------------
 
@@ -195,6 +197,10 @@ class Layout(abc.ABC):
     def pack(self, fmt: FormatLike, logical: LogicalTensor) -> list[npt.NDArray[np.uint8]]:
         """Encode a logical tensor into one flat little-endian byte array per plane."""
         entry = self.resolve(fmt)
+        if not isinstance(logical, self.logical_type):
+            raise UsageError(
+                f"{entry.name} packs {self.logical_type.__name__}, not {type(logical).__name__}"
+            )
         shape = self.check_shape(entry, logical_shape(logical))
         out = self._pack(entry, shape, logical)
         # Cheap self-check of the geometry contract; a mismatch is a bug in this module.

@@ -76,6 +76,7 @@ def unswizzle_scales(plane: npt.NDArray[np.uint8], n: int, kc: int) -> npt.NDArr
 class BlockscaleK16M128x4(Layout):
     name = "blockscale-k16-m128x4-v1"
     formats = frozenset({"NVFP4"})
+    logical_type = NVFP4Words
 
     def _check_shape(self, fmt: NumericFormat, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[0] < 1 or shape[1] < K_GROUP or shape[1] % K_GROUP:

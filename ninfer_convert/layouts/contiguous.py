@@ -26,6 +26,7 @@ __all__ = ["CONTIGUOUS_LE_V1", "ContiguousLE"]
 class ContiguousLE(Layout):
     name = "contiguous-le-v1"
     formats = frozenset({"BF16", "FP32", "I32"})
+    logical_type = DirectWords
 
     def _check_shape(self, fmt: NumericFormat, shape: tuple[int, ...]) -> None:
         return None  # every rank and size already bounded by Layout.check_shape

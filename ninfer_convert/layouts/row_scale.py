@@ -25,6 +25,7 @@ __all__ = ["ROW_SCALE_V1", "RowScale"]
 class RowScale(Layout):
     name = "row-scale-v1"
     formats = frozenset({"FP8_E4M3FN_ROW_BF16S"})
+    logical_type = FP8RowWords
 
     def _check_shape(self, fmt: NumericFormat, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:

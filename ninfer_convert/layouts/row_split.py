@@ -98,6 +98,7 @@ def _unpack_fields(packed: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.
 class RowSplitK128(Layout):
     name = "row-split-k128-v1"
     formats = frozenset({"Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"})
+    logical_type = GroupedCodes
 
     def _check_shape(self, fmt: NumericFormat, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:

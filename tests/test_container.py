@@ -1,0 +1,550 @@
+"""The .ninfer container: writer/reader round trips, sharding, reproducibility, crash safety,
+schema round trips and the public reader API."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from artifact_fixtures import (
+    ALL_FORMATS,
+    DEFAULT_SHAPES,
+    GROUPED,
+    META,
+    header_of,
+    logical_equal,
+    make_logical,
+    provenance,
+    write_small,
+)
+
+import ninfer_convert
+from ninfer_convert.container import (
+    INDEX_NAME,
+    SINGLE_NAME,
+    ArtifactMeta,
+    ArtifactWriter,
+    Header,
+    IndexFile,
+    Provenance,
+    open_artifact,
+    shard_name,
+)
+from ninfer_convert.container.schema import SchemaError, TensorEntry
+from ninfer_convert.errors import ArtifactError, FormatError, UsageError
+from ninfer_convert.layouts import layout_for
+from ninfer_convert.logical import DirectWords, GroupedCodes
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _siblings(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.parent.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips
+
+
+def test_all_formats_roundtrip(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m")
+    assert sorted(os.listdir(out)) == [SINGLE_NAME]
+    with open_artifact(out) as art:
+        assert list(art.tensors) == [f"t.{f}" for f in ALL_FORMATS]
+        for i, fmt in enumerate(ALL_FORMATS):
+            info = art.tensors[f"t.{fmt}"]
+            shape = DEFAULT_SHAPES[fmt]
+            assert info.format == fmt and type(info.format) is str
+            assert info.layout == layout_for(fmt).name
+            assert info.shape == shape
+            assert info.nbytes == layout_for(fmt).encoded_size(fmt, shape)
+            assert info.role == "weight"
+            assert info.provenance == Provenance.from_json(provenance(fmt, shape=shape)).to_json()
+            assert info.shard == 1 and info.file == out / SINGLE_NAME
+            for p in info.planes:
+                assert p.offset % 64 == 0
+            assert logical_equal(art.read(info.name), make_logical(fmt, shape, seed=i))
+        assert art.metadata == {**META, "alignment": 64}
+        assert art.integrity_problems() == []
+        assert art.padding_problems() == []
+        assert art.files == (out / SINGLE_NAME,)
+
+
+def test_read_after_close_result_stays_valid(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", ["BF16", "Q4G64_F16S"])
+    art = open_artifact(out)
+    words = art.read("t.BF16")
+    art.close()
+    art.close()  # idempotent
+    assert isinstance(words, DirectWords)
+    assert logical_equal(words, make_logical("BF16", DEFAULT_SHAPES["BF16"], 0))
+    with pytest.raises(UsageError, match="closed"):
+        art.read("t.BF16")
+
+
+def test_read_rows_and_errors(tmp_path: Path) -> None:
+    fmt, shape = "Q6G64_F16S", (40, 150)
+    logical = make_logical(fmt, shape, 9)
+    assert isinstance(logical, GroupedCodes)
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        w.add("emb", fmt, logical, role="embedding", provenance=provenance(fmt, shape=shape))
+        w.add("n", "BF16", make_logical("BF16", (4,)), role="norm", provenance=provenance("BF16"))
+    with open_artifact(tmp_path / "m") as art:
+        got = art.read_rows("emb", [39, 0, 17, 17])
+        assert np.array_equal(got.codes, logical.codes[[39, 0, 17, 17]])
+        assert np.array_equal(got.scales, logical.scales[[39, 0, 17, 17]])
+        got = art.read_rows("emb", slice(10, 20))
+        assert np.array_equal(got.codes, logical.codes[10:20])
+        with pytest.raises(UsageError, match="row-split"):
+            art.read_rows("n", [0])
+        with pytest.raises(UsageError, match="no tensor 'missing'"):
+            art.read("missing")
+        with pytest.raises(UsageError, match="has 40 rows"):
+            art.read_rows("emb", [40])
+        view = art.plane_buffer("emb", "hi2")
+        assert len(view) == 40 * 256 // 4
+        view.release()
+
+
+def test_dequantize_uses_numeric_core(tmp_path: Path) -> None:
+    dequant = pytest.importorskip("ninfer_convert.dequant")
+    out = write_small(tmp_path / "m", ["Q4G64_F16S", "BF16"])
+    with open_artifact(out) as art:
+        for name in art.tensors:
+            got = art.dequantize(name)
+            want = dequant.dequantize_logical(art.tensors[name].format, art.read(name))
+            assert got.dtype == np.float32
+            assert got.shape == art.tensors[name].shape
+            assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_empty_artifact_and_zero_size_tensor(tmp_path: Path) -> None:
+    with ArtifactWriter(tmp_path / "empty", metadata=META):
+        pass
+    with open_artifact(tmp_path / "empty") as art:
+        assert len(art.tensors) == 0 and art.integrity_problems() == []
+    with ArtifactWriter(tmp_path / "z", metadata=META, alignment=64) as w:
+        w.add(
+            "a",
+            "FP32",
+            DirectWords(np.zeros((0, 3), np.uint32)),
+            role="r",
+            provenance=provenance("FP32"),
+        )
+        w.add(
+            "b",
+            "I32",
+            DirectWords(np.arange(3, dtype=np.int32)),
+            role="r",
+            provenance=provenance("I32"),
+        )
+    with open_artifact(tmp_path / "z") as art:
+        a = art.read("a")
+        assert isinstance(a, DirectWords) and a.words.shape == (0, 3)
+        assert art.tensors["a"].planes[0].offset == 64 and art.tensors["b"].planes[0].offset == 64
+        assert art.integrity_problems() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding
+
+
+def test_sharded_layout_and_index(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", max_shard_size=300)
+    names = sorted(os.listdir(out))
+    shards = [n for n in names if n.endswith(".ninfer")]
+    count = len(shards)
+    assert count > 2
+    assert shards == [shard_name(i, count) for i in range(1, count + 1)]
+    assert shards[0] == f"model-00001-of-{count:05d}.ninfer"
+    assert INDEX_NAME in names
+    index = json.loads((out / INDEX_NAME).read_bytes())
+    assert index["format"] == "ninfer-index" and index["version"] == 1
+    assert [s["file"] for s in index["shards"]] == shards
+    for s in index["shards"]:
+        assert (out / s["file"]).stat().st_size == s["size"]
+    for target in (out, out / INDEX_NAME):
+        with open_artifact(target) as art:
+            assert list(art.tensors) == [f"t.{f}" for f in ALL_FORMATS]
+            assert index["total_size"] == sum(t.nbytes for t in art.tensors.values())
+            assert art.shard_count == count
+            for i, fmt in enumerate(ALL_FORMATS):
+                info = art.tensors[f"t.{fmt}"]
+                assert index["weight_map"][info.name] == info.file.name
+                assert logical_equal(art.read(info.name), make_logical(fmt, info.shape, i))
+            assert art.integrity_problems() == []
+    # Every shard is a valid container by itself.
+    seen = []
+    for i, s in enumerate(shards, start=1):
+        with open_artifact(out / s) as art:
+            assert art.shard_count == count
+            assert all(t.shard == i for t in art.tensors.values())
+            assert art.integrity_problems() == []
+            seen += list(art.tensors)
+        assert header_of(out / s)["shard"] == {"index": i, "count": count}
+    assert seen == [f"t.{f}" for f in ALL_FORMATS]
+
+
+def test_shard_size_bound(tmp_path: Path) -> None:
+    """A shard's payload stays under max_shard_size unless a single tensor is bigger."""
+    limit = 4096
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64, max_shard_size=limit) as w:
+        for i in range(12):
+            shape = (1, 1000 * (i % 4 + 1))
+            w.add(
+                f"w{i}",
+                "BF16",
+                make_logical("BF16", shape, i),
+                role="r",
+                provenance=provenance("BF16"),
+            )
+    with open_artifact(tmp_path / "m") as art:
+        for c_path in art.files:
+            h = header_of(c_path)
+            ends = [p["offset"] + p["nbytes"] for t in h["tensors"] for p in t["planes"]]
+            assert ends and (max(ends) <= limit or len(h["tensors"]) == 1)
+
+
+def test_single_shard_when_everything_fits(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", max_shard_size=1 << 30)
+    assert os.listdir(out) == [SINGLE_NAME]
+    assert header_of(out / SINGLE_NAME)["shard"] == {"index": 1, "count": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reproducibility
+
+
+@pytest.mark.parametrize("max_shard_size", [None, 300])
+def test_reproducible_bytes(tmp_path: Path, max_shard_size: int | None) -> None:
+    a = write_small(
+        tmp_path / "a",
+        max_shard_size=max_shard_size,
+        side_files={"config.json": b"{}", "tokenizer.json": b"[1]"},
+        tmp_src=tmp_path,
+    )
+    b = write_small(
+        tmp_path / "b",
+        max_shard_size=max_shard_size,
+        side_files={"tokenizer.json": b"[1]", "config.json": b"{}"},
+        tmp_src=tmp_path,
+    )
+    assert _files(a) == _files(b)
+
+
+def test_header_is_canonical_json(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m")
+    data = (out / SINGLE_NAME).read_bytes()
+    h_off, h_len = int.from_bytes(data[16:24], "little"), int.from_bytes(data[24:32], "little")
+    raw = data[h_off : h_off + h_len]
+    assert h_off + h_len == len(data)
+    value = json.loads(raw)
+    assert (
+        json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() == raw
+    )
+    assert b"time" not in raw  # no timestamps
+
+
+def test_tensor_order_is_add_order(tmp_path: Path) -> None:
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        for name in ("z", "a", "m"):
+            w.add(
+                name,
+                "I32",
+                DirectWords(np.arange(2, dtype=np.int32)),
+                role="r",
+                provenance=provenance("I32"),
+            )
+    assert [t["name"] for t in header_of(tmp_path / "m" / SINGLE_NAME)["tensors"]] == [
+        "z",
+        "a",
+        "m",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Crash safety
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("max_shard_size", [None, 200])
+def test_interrupted_write_leaves_nothing(
+    tmp_path: Path, exc: type[BaseException], max_shard_size: int | None
+) -> None:
+    out = tmp_path / "m"
+    src = tmp_path / "cfg"
+    src.write_text("{}")
+    writer = ArtifactWriter(out, metadata=META, alignment=64, max_shard_size=max_shard_size)
+    with pytest.raises(exc), writer as w:
+        for fmt in ALL_FORMATS:
+            w.add(
+                fmt,
+                fmt,
+                make_logical(fmt, DEFAULT_SHAPES[fmt]),
+                role="r",
+                provenance=provenance(fmt),
+            )
+        w.add_file(src, "config.json")
+        assert not out.exists()  # nothing under the final name while writing
+        assert w.staging.is_dir()
+        raise exc()
+    assert not out.exists()
+    assert _siblings(out) == ["cfg"]
+
+
+def test_interrupted_overwrite_keeps_old_output(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", ["BF16"])
+    before = _files(out)
+    writer = ArtifactWriter(out, metadata=META, alignment=64, overwrite=True)
+    with pytest.raises(KeyboardInterrupt), writer as w:
+        w.add("x", "BF16", make_logical("BF16", (9,)), role="r", provenance=provenance("BF16"))
+        raise KeyboardInterrupt
+    assert _files(out) == before
+    assert _siblings(out) == ["m"]
+
+
+def test_failure_inside_commit_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    w = ArtifactWriter(out, metadata=META, alignment=64)
+    w.add("x", "BF16", make_logical("BF16", (9,)), role="r", provenance=provenance("BF16"))
+    out.mkdir()
+    (out / "blocker").write_text("someone else's file")
+    with pytest.raises(UsageError, match="not empty"):
+        w.commit()
+    assert _files(out) == {"blocker": b"someone else's file"}
+    assert _siblings(out) == ["m"]
+
+
+def test_existing_output_refused_without_overwrite(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", ["BF16"])
+    before = _files(out)
+    with pytest.raises(UsageError, match="already exists"):
+        ArtifactWriter(out, metadata=META)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="not a directory"):
+        ArtifactWriter(tmp_path / "file", metadata=META, overwrite=True)
+    assert _files(out) == before
+    # overwrite=True replaces it completely.
+    write_small_over = ArtifactWriter(out, metadata=META, alignment=64, overwrite=True)
+    with write_small_over as w:
+        w.add(
+            "new",
+            "I32",
+            DirectWords(np.arange(3, dtype=np.int32)),
+            role="r",
+            provenance=provenance("I32"),
+        )
+    with open_artifact(out) as art:
+        assert list(art.tensors) == ["new"]
+    assert _siblings(out) == ["file", "m"]
+
+
+def test_empty_existing_directory_is_used(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    out.mkdir()
+    write_small(out, ["I32"])
+    assert os.listdir(out) == [SINGLE_NAME]
+
+
+def test_usage_errors_keep_writer_usable(tmp_path: Path) -> None:
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        good = make_logical("Q4G64_F16S", (2, 64))
+        prov = provenance("Q4G64_F16S")
+        w.add("a", "Q4G64_F16S", good, role="r", provenance=prov)
+        with pytest.raises(UsageError, match="added twice"):
+            w.add("a", "Q4G64_F16S", good, role="r", provenance=prov)
+        with pytest.raises(FormatError, match="unknown numeric format"):
+            w.add("b", "Q4G32_F16S", good, role="r", provenance=prov)
+        with pytest.raises(UsageError, match="encoder_profile"):
+            w.add("b", "BF16", make_logical("BF16", (2,)), role="r", provenance=prov)
+        with pytest.raises(UsageError, match="unknown key"):
+            w.add("b", "Q4G64_F16S", good, role="r", provenance={**prov, "extra": 1})
+        with pytest.raises(UsageError, match="packs GroupedCodes, not DirectWords"):
+            w.add("b", "Q4G64_F16S", make_logical("BF16", (2,)), role="r", provenance=prov)
+        with pytest.raises(UsageError, match="control character"):
+            w.add("b\n", "Q4G64_F16S", good, role="r", provenance=prov)
+        with pytest.raises(UsageError, match="reserved"):
+            w.add_file(__file__, "model.ninfer")
+        with pytest.raises(UsageError, match="plain file name"):
+            w.add_file(__file__, "../x")
+        w.add("b", "Q4G64_F16S", good, role="r", provenance=prov)
+    with open_artifact(tmp_path / "m") as art:
+        assert list(art.tensors) == ["a", "b"]
+        assert art.integrity_problems() == []
+
+
+def test_add_packed(tmp_path: Path) -> None:
+    fmt, shape = "W8G32_F16S", (3, 70)
+    logical = make_logical(fmt, shape)
+    planes = layout_for(fmt).pack(fmt, logical)
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        w.add_packed(
+            "w", fmt, shape, [memoryview(p) for p in planes], role="r", provenance=provenance(fmt)
+        )
+        bad = [p.copy() for p in planes]
+        bad[0][-1] = 1  # padding byte of the last row
+        with pytest.raises(UsageError, match="non-canonical padding"):
+            w.add_packed("w2", fmt, shape, bad, role="r", provenance=provenance(fmt))
+        with pytest.raises(UsageError, match="needs 2 planes"):
+            w.add_packed("w2", fmt, shape, planes[:1], role="r", provenance=provenance(fmt))
+        with pytest.raises(UsageError, match="holds"):
+            w.add_packed(
+                "w2", fmt, shape, [planes[0][:-1], planes[1]], role="r", provenance=provenance(fmt)
+            )
+        with pytest.raises(UsageError, match="rank-two"):
+            w.add_packed("w2", fmt, (210,), planes, role="r", provenance=provenance(fmt))
+    with open_artifact(tmp_path / "m") as art:
+        assert logical_equal(art.read("w"), logical)
+
+
+def test_metadata_validation(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="missing key"):
+        ArtifactWriter(tmp_path / "a", metadata={"producer": META["producer"]})
+    bad = json.loads(json.dumps(META))
+    bad["source"]["files"][0]["size"] = True
+    with pytest.raises(UsageError, match=r"source.files\[0\].size: expected an integer"):
+        ArtifactWriter(tmp_path / "a", metadata=bad)
+    bad = json.loads(json.dumps(META))
+    bad["source"]["config"] = {"x": float("nan")}
+    with pytest.raises(UsageError, match="non-finite"):
+        ArtifactWriter(tmp_path / "a", metadata=bad)
+    with pytest.raises(UsageError, match="alignment"):
+        ArtifactWriter(tmp_path / "a", metadata={**META, "alignment": 64}, alignment=128)
+    with pytest.raises(UsageError, match="power of two"):
+        ArtifactWriter(tmp_path / "a", metadata=META, alignment=100)
+    with pytest.raises(UsageError, match="max_shard_size"):
+        ArtifactWriter(tmp_path / "a", metadata=META, max_shard_size=0)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_set_metadata_before_commit(tmp_path: Path) -> None:
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        w.add(
+            "x",
+            "I32",
+            DirectWords(np.arange(2, dtype=np.int32)),
+            role="r",
+            provenance=provenance("I32"),
+        )
+        later = json.loads(json.dumps(META))
+        later["source"]["tensors"]["x"] = {"dtype": "I32", "shape": [2], "digest": "ab"}
+        w.set_metadata(later)
+    with open_artifact(tmp_path / "m") as art:
+        assert art.metadata["source"]["tensors"]["x"]["digest"] == "ab"
+
+
+def test_side_files(tmp_path: Path) -> None:
+    out = write_small(
+        tmp_path / "m", ["BF16"], side_files={"config.json": b'{"a": 1}'}, tmp_src=tmp_path
+    )
+    assert (out / "config.json").read_bytes() == b'{"a": 1}'
+    with open_artifact(out) as art:
+        assert list(art.side_files) == ["config.json"]
+        assert art.side_files["config.json"].size == 8
+        assert art.integrity_problems() == []
+        (out / "config.json").write_bytes(b'{"a": 2}')
+        problems = art.integrity_problems()
+        assert len(problems) == 1 and "side file 'config.json'" in str(problems[0])
+        (out / "config.json").unlink()
+        assert "No such file" in str(art.integrity_problems()[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening
+
+
+def test_open_variants(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", ["BF16"])
+    for target in (out, out / SINGLE_NAME, str(out)):
+        with open_artifact(target) as art:
+            assert list(art.tensors) == ["t.BF16"]
+    assert ninfer_convert.open_artifact is open_artifact
+    with pytest.raises(ArtifactError, match="no artifact here"):
+        open_artifact(tmp_path)
+    with pytest.raises(ArtifactError, match="no such file"):
+        open_artifact(tmp_path / "nope")
+    (out / INDEX_NAME).write_text("{}")
+    with pytest.raises(ArtifactError, match="ambiguous"):
+        open_artifact(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema round trips
+
+
+def test_schema_roundtrip(tmp_path: Path) -> None:
+    out = write_small(tmp_path / "m", max_shard_size=300)
+    for path in sorted(out.glob("*.ninfer")):
+        value = header_of(path)
+        header = Header.from_json(value)
+        assert header.to_json() == value
+        assert Header.from_json(header.to_json()) == header
+    index = json.loads((out / INDEX_NAME).read_bytes())
+    assert IndexFile.from_json(index).to_json() == index
+    meta = ArtifactMeta.from_json({**META, "alignment": 64})
+    assert ArtifactMeta.from_json(meta.to_json()) == meta
+    prov = {
+        **provenance("Q4G64_F16S"),
+        "transforms": [
+            {"op": "concat", "axis": 0},
+            {"op": "transpose"},
+            {"op": "reshape", "shape": [4, 8]},
+            {"op": "copy-quantized", "scheme": "nvfp4-pack-quantized"},
+        ],
+        "conversion": "fp32-to-bf16-rne",
+        "constraints": ["finite"],
+    }
+    assert Provenance.from_json(prov).to_json() == prov
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda p: p.update(extra=1), "unknown key"),
+        (lambda p: p.pop("rule"), "missing key"),
+        (lambda p: p.update(conversion=3), "conversion: expected a string"),
+        (lambda p: p["rule"].update(line=True), "rule.line: expected an integer"),
+        (lambda p: p["rule"].update(line=1.0), "rule.line: expected an integer"),
+        (lambda p: p["rule"].update(index=-1), "outside"),
+        (lambda p: p.update(transforms=[{"op": "rotate"}]), "unknown transform op"),
+        (lambda p: p.update(transforms=[{"op": "transpose", "axes": [1, 0]}]), "unknown key"),
+        (lambda p: p.update(transforms=[{"op": "concat"}]), "missing key"),
+        (lambda p: p.update(sources={}), "expected an array"),
+        (lambda p: p["sources"][0].update(shape=[-1]), "outside"),
+        (lambda p: p.update(constraints="finite"), "expected an array"),
+    ],
+)
+def test_provenance_schema_errors(edit: Any, message: str) -> None:
+    prov = provenance("BF16")
+    edit(prov)
+    with pytest.raises(SchemaError, match=message):
+        Provenance.from_json(prov)
+
+
+def test_tensor_entry_is_frozen() -> None:
+    prov = Provenance.from_json(provenance("BF16"))
+    entry = TensorEntry("a", "BF16", "contiguous-le-v1", (1,), (1,), (), "r", prov)
+    with pytest.raises(AttributeError):
+        entry.name = "b"  # type: ignore[misc]
+
+
+def test_grouped_formats_all_write(tmp_path: Path) -> None:
+    """Every grouped format at an awkward shape, several tensors, one file."""
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=4096) as w:
+        for i, fmt in enumerate(GROUPED):
+            w.add(fmt, fmt, make_logical(fmt, (129, 130), i), role="r", provenance=provenance(fmt))
+    with open_artifact(tmp_path / "m") as art:
+        for i, fmt in enumerate(GROUPED):
+            assert logical_equal(art.read(fmt), make_logical(fmt, (129, 130), i))
+            assert all(p.offset % 4096 == 0 for p in art.tensors[fmt].planes)
+        assert art.integrity_problems() == [] and art.padding_problems() == []
