@@ -1,0 +1,57 @@
+"""Verify a .ninfer artifact against its format, layout and recipe contracts and its source.
+
+Public API::
+
+    report = verify_artifact("out/model-dir", source=None, device="auto", jobs=2)
+    report.passed, report.exit_code, report.checks, report.first_mismatch, report.to_json()
+
+See :mod:`.engine` for the contract of the checks, :mod:`.report` for the report and its JSON
+schema (documented in docs/cli.md), and :mod:`.compare` for the bit-exact comparisons.
+"""
+
+from __future__ import annotations
+
+from .compare import compare_logical, error_stats, oracle_sample, sample_groups
+from .engine import (
+    DEFAULT_ORACLE_GROUPS,
+    DEFAULT_SEED,
+    ProgressCallback,
+    ProgressEvent,
+    check_artifact_path,
+    verify_artifact,
+)
+from .report import (
+    CHECK_DESCRIPTIONS,
+    CHECK_ORDER,
+    VERIFY_SCHEMA_VERSION,
+    CheckResult,
+    CheckStatus,
+    Finding,
+    Mismatch,
+    SourceUse,
+    TensorErrorStats,
+    VerifyReport,
+)
+
+__all__ = [
+    "CHECK_DESCRIPTIONS",
+    "CHECK_ORDER",
+    "DEFAULT_ORACLE_GROUPS",
+    "DEFAULT_SEED",
+    "VERIFY_SCHEMA_VERSION",
+    "CheckResult",
+    "CheckStatus",
+    "Finding",
+    "Mismatch",
+    "ProgressCallback",
+    "ProgressEvent",
+    "SourceUse",
+    "TensorErrorStats",
+    "VerifyReport",
+    "check_artifact_path",
+    "compare_logical",
+    "error_stats",
+    "oracle_sample",
+    "sample_groups",
+    "verify_artifact",
+]

@@ -1,0 +1,317 @@
+"""Bit-exact comparison of logical tensors, the oracle group sample, and error statistics.
+
+Contract:
+
+* :func:`compare_logical` compares an expected and a found logical tensor of one format field
+  by field ('words'; 'codes', 'scales'; 'divisor') as unsigned words, so NaN payloads and signed
+  zeros count, and returns one :class:`~.report.Mismatch` per differing field: the first
+  differing word (row-major) with its row / group / column, and the total count.
+* :func:`oracle_sample` picks ``count`` groups of a grouped tensor with a generator seeded from
+  (``seed``, the tensor name), always including the last group of the last row (the partial
+  group when K is not a multiple of G), re-encodes each from the binary32 source words with the
+  bit-level oracle of spec Section 7 and compares it with the stored scale and codes.  The
+  choice depends only on the seed, the name and the shape, never on thread scheduling.
+* :func:`error_stats` streams over row blocks (bounded memory) and returns max |x - x_hat|,
+  the RMS error and the SQNR in dB, accumulated in binary64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ..dequant import dequantize_logical
+from ..encoder.common import to_f32
+from ..encoder.oracle import OracleFailure, encode_group_oracle
+from ..formats import NumericFormat
+from ..logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
+from .report import Mismatch, TensorErrorStats
+
+__all__ = ["compare_logical", "error_stats", "oracle_sample", "sample_groups"]
+
+_STATS_BLOCK = 1 << 22
+"""Elements per block of the error statistics (16 MiB of float32 per temporary)."""
+
+
+def _unsigned(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    """The same bits as an unsigned integer array (NaN payloads and -0 compare exactly)."""
+    arr = np.ascontiguousarray(a)
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[arr.dtype.itemsize]
+    return arr.view(kind)
+
+
+def _text(value: int, width: int, signed: bool) -> str:
+    if signed:
+        return f"{value:+d} (0x{value & ((1 << (8 * width)) - 1):0{2 * width}x})"
+    return f"0x{value:0{2 * width}x}"
+
+
+def _field_mismatch(
+    tensor: str,
+    plane: str,
+    expected: npt.NDArray[np.generic],
+    found: npt.NDArray[np.generic],
+    *,
+    group_size: int | None = None,
+    group_axis_is_column: bool = False,
+    signed: bool = False,
+) -> Mismatch | None:
+    if expected.shape != found.shape or expected.dtype.itemsize != found.dtype.itemsize:
+        return Mismatch(
+            tensor,
+            plane,
+            (),
+            None,
+            None,
+            None,
+            0,
+            0,
+            f"{expected.dtype} {list(expected.shape)}",
+            f"{found.dtype} {list(found.shape)}",
+            int(expected.size),
+            int(expected.size),
+        )
+    diff = _unsigned(expected) != _unsigned(found)
+    count = int(np.count_nonzero(diff))
+    if not count:
+        return None
+    flat = int(np.argmax(diff.reshape(-1)))
+    index = tuple(int(i) for i in np.unravel_index(flat, diff.shape)) if diff.ndim else ()
+    width = expected.dtype.itemsize
+    e = int(expected[index])
+    f = int(found[index])
+    row = column = group = None
+    if len(index) == 2:
+        row = index[0]
+        if group_axis_is_column:
+            group = index[1]
+        else:
+            column = index[1]
+            if group_size is not None:
+                group = index[1] // group_size
+    elif len(index) == 1 and plane in ("scales", "codes") and group_size is None:
+        row = index[0]
+    return Mismatch(
+        tensor=tensor,
+        plane=plane,
+        index=index,
+        row=row,
+        group=group,
+        column=column,
+        expected=e,
+        found=f,
+        expected_text=_text(e, width, signed),
+        found_text=_text(f, width, signed),
+        count=count,
+        total=int(diff.size),
+    )
+
+
+def compare_logical(
+    fmt: NumericFormat, tensor: str, expected: LogicalTensor, found: LogicalTensor
+) -> list[Mismatch]:
+    """Every differing field of ``found`` against ``expected`` (see the module contract)."""
+    if type(expected) is not type(found):
+        return [
+            Mismatch(
+                tensor, "representation", (), None, None, None, 0, 0,
+                type(expected).__name__, type(found).__name__, 1, 1,
+            )
+        ]  # fmt: skip
+    out: list[Mismatch | None] = []
+    if isinstance(expected, DirectWords) and isinstance(found, DirectWords):
+        out.append(_field_mismatch(tensor, "words", expected.words, found.words))
+    elif isinstance(expected, GroupedCodes) and isinstance(found, GroupedCodes):
+        out.append(
+            _field_mismatch(
+                tensor, "codes", expected.codes, found.codes, group_size=fmt.group_size, signed=True
+            )
+        )
+        out.append(
+            _field_mismatch(
+                tensor, "scales", expected.scales, found.scales, group_axis_is_column=True
+            )
+        )
+    elif isinstance(expected, NVFP4Words) and isinstance(found, NVFP4Words):
+        out.append(_field_mismatch(tensor, "codes", expected.codes, found.codes, group_size=16))
+        out.append(
+            _field_mismatch(
+                tensor, "scales", expected.scales, found.scales, group_axis_is_column=True
+            )
+        )
+        if (expected.divisor & 0xFFFFFFFF) != (found.divisor & 0xFFFFFFFF):
+            e, f = expected.divisor & 0xFFFFFFFF, found.divisor & 0xFFFFFFFF
+            out.append(
+                Mismatch(
+                    tensor, "divisor", (), None, None, None, e, f,
+                    f"0x{e:08x}", f"0x{f:08x}", 1, 1,
+                )
+            )  # fmt: skip
+    elif isinstance(expected, FP8RowWords) and isinstance(found, FP8RowWords):
+        out.append(_field_mismatch(tensor, "codes", expected.codes, found.codes))
+        out.append(_field_mismatch(tensor, "scales", expected.scales, found.scales))
+    return [m for m in out if m is not None]
+
+
+def sample_groups(
+    tensor: str, n_rows: int, n_groups: int, count: int, seed: int
+) -> list[tuple[int, int]]:
+    """Deterministic, distinct (row, group) pairs: the last group of the last row first."""
+    total = n_rows * n_groups
+    if total == 0 or count <= 0:
+        return []
+    name_key = xxhash.xxh64_intdigest(tensor.encode("utf-8"))
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, name_key & 0xFFFFFFFF, name_key >> 32])
+    last = total - 1
+    picks = [last]
+    if count > 1 and total > 1:
+        extra = min(count - 1, total - 1)
+        # Sampling without replacement from [0, last) keeps memory O(count) for huge tensors.
+        chosen: set[int] = set()
+        while len(chosen) < extra:
+            for v in rng.integers(0, last, size=extra - len(chosen)):
+                chosen.add(int(v))
+        picks += sorted(chosen)
+    return [(p // n_groups, p % n_groups) for p in picks]
+
+
+def oracle_sample(
+    fmt: NumericFormat,
+    tensor: str,
+    source_words: npt.NDArray[np.generic],
+    source_dtype: str,
+    found: GroupedCodes,
+    count: int,
+    seed: int,
+) -> tuple[int, list[Mismatch]]:
+    """Re-encode sampled groups with the Section 7 oracle; (groups checked, mismatches).
+
+    ``source_words`` are the encoder's input words [N, K] of ``source_dtype`` (BF16, F16 or
+    F32); each sampled group is widened exactly to binary32 before the oracle sees it.
+
+    A group the oracle refuses (non-finite value, overflowing scale) is reported as a mismatch
+    of plane 'scales' with expected text 'encoder refuses this group'.
+    """
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    n_rows, k = found.codes.shape
+    n_groups = -(-k // g)
+    mismatches: list[Mismatch] = []
+    picks = sample_groups(tensor, n_rows, n_groups, count, seed)
+    for row, group in picks:
+        lo, hi = group * g, min(k, (group + 1) * g)
+        x = to_f32(np.ascontiguousarray(source_words[row : row + 1, lo:hi]), source_dtype)
+        x_words = [int(w) for w in x.view(np.uint32).reshape(-1)]
+        try:
+            scale, codes = encode_group_oracle(x_words, fmt.qmin, fmt.qmax)
+        except OracleFailure:
+            word = int(found.scales[row, group])
+            mismatches.append(
+                Mismatch(
+                    tensor, "scales", (row, group), row, group, None, -1, word,
+                    "encoder refuses this group", f"0x{word:04x}", 1, len(picks),
+                )
+            )  # fmt: skip
+            continue
+        stored_scale = int(found.scales[row, group])
+        if stored_scale != scale:
+            mismatches.append(
+                Mismatch(
+                    tensor, "scales", (row, group), row, group, None, scale, stored_scale,
+                    f"0x{scale:04x}", f"0x{stored_scale:04x}", 1, len(picks),
+                )
+            )  # fmt: skip
+        stored = found.codes[row, lo:hi].astype(np.int64)
+        expect = np.asarray(codes, dtype=np.int64)
+        diff = np.flatnonzero(stored != expect)
+        if diff.size:
+            col = lo + int(diff[0])
+            e, f = int(expect[diff[0]]), int(stored[diff[0]])
+            mismatches.append(
+                Mismatch(
+                    tensor, "codes", (row, col), row, group, col, e, f,
+                    _text(e, 1, True), _text(f, 1, True), int(diff.size), hi - lo,
+                )
+            )  # fmt: skip
+    return len(picks), mismatches
+
+
+def error_stats(
+    fmt: NumericFormat,
+    tensor: str,
+    source_words: npt.NDArray[np.generic],
+    source_dtype: str,
+    found: LogicalTensor,
+) -> TensorErrorStats:
+    """Max abs error, RMS error and SQNR of ``found`` against the source values (row blocks).
+
+    ``source_words`` [N, K] of ``source_dtype`` (BF16, F16, F32) are widened exactly to
+    binary32 one block at a time, so the temporaries stay at :data:`_STATS_BLOCK` elements.
+    """
+    shape = source_words.shape
+    numel = int(source_words.size)
+    if isinstance(found, DirectWords) or len(shape) != 2 or numel == 0:
+        x_hat = dequantize_logical(fmt, found).reshape(-1).astype(np.float64)
+        x = to_f32(source_words, source_dtype).astype(np.float64).reshape(-1)
+        return _finish(fmt, tensor, numel, *_accumulate(x, x_hat))
+    n, k = shape
+    rows = max(1, _STATS_BLOCK // max(k, 1))
+    max_err = 0.0
+    sum_e2 = 0.0
+    sum_x2 = 0.0
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        x_hat = dequantize_logical(fmt, _row_block(found, r0, r1)).astype(np.float64)
+        x = to_f32(np.ascontiguousarray(source_words[r0:r1]), source_dtype).astype(np.float64)
+        m, e2, x2 = _accumulate(x, x_hat)
+        max_err = max(max_err, m) if not math.isnan(m) else m
+        sum_e2 += e2
+        sum_x2 += x2
+    return _finish(fmt, tensor, numel, max_err, sum_e2, sum_x2)
+
+
+def _row_block(t: LogicalTensor, r0: int, r1: int) -> LogicalTensor:
+    if isinstance(t, GroupedCodes):
+        return GroupedCodes(t.codes[r0:r1], t.scales[r0:r1])
+    if isinstance(t, NVFP4Words):
+        return NVFP4Words(t.codes[r0:r1], t.scales[r0:r1], t.divisor)
+    if isinstance(t, FP8RowWords):
+        return FP8RowWords(t.codes[r0:r1], t.scales[r0:r1])
+    return t
+
+
+def _accumulate(
+    x: npt.NDArray[np.float64], x_hat: npt.NDArray[np.float64]
+) -> tuple[float, float, float]:
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = x - x_hat
+        max_err = float(np.max(np.abs(e))) if e.size else 0.0
+        return (
+            max_err,
+            float(np.dot(e.reshape(-1), e.reshape(-1))),
+            float(np.dot(x.reshape(-1), x.reshape(-1))),
+        )
+
+
+def _finish(
+    fmt: NumericFormat, tensor: str, numel: int, max_err: float, sum_e2: float, sum_x2: float
+) -> TensorErrorStats:
+    rms = math.sqrt(sum_e2 / numel) if numel and math.isfinite(sum_e2) else math.nan
+    exact = sum_e2 == 0.0
+    sqnr: float | None
+    if exact or sum_x2 == 0.0 or not math.isfinite(sum_e2):
+        sqnr = None
+    else:
+        sqnr = 10.0 * math.log10(sum_x2 / sum_e2)
+    return TensorErrorStats(
+        tensor=tensor,
+        format=fmt.name,
+        numel=numel,
+        max_abs_error=max_err,
+        rms_error=rms if numel else 0.0,
+        sqnr_db=sqnr,
+        exact=exact,
+    )

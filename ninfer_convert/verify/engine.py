@@ -1,0 +1,651 @@
+"""``verify``: prove an artifact is exactly what its recipe promised (issue 5, docs/cli.md).
+
+Contract of :func:`verify_artifact`:
+
+* It raises only for a usage problem: a missing artifact path, a path that is not recognisably
+  an artifact (:func:`check_artifact_path`), a ``source`` path that does not exist, or a bad
+  option (:class:`~ninfer_convert.errors.UsageError`, exit code 2).  Everything else is a
+  :class:`~.report.Finding` in the returned :class:`~.report.VerifyReport`; no check stops at
+  its first problem, and a failing check does not stop later checks that can still run.
+* Checks, reported in this order: ``structure`` (everything :func:`open_artifact` validates),
+  ``integrity`` (:meth:`Artifact.integrity_problems`), ``padding``
+  (:meth:`Artifact.padding_problems`), ``values`` (:func:`~ninfer_convert.validate.
+  logical_problems` of every tensor), then against the source when one is used:
+  ``source-identity`` (recorded per-tensor dtype, shape and digest), ``source-words`` (every
+  tensor equals :func:`ninfer_convert.convert.derive_logical` of its plan entry bit for bit: the
+  canonical re-encode of grouped tensors, the copied NVFP4 / FP8 words, direct words with the
+  recorded conversion re-applied, re-derived concat/transpose) and ``oracle-sample`` (sampled
+  groups of every MAXABS_F16_RECIP_RNE_V1 tensor re-encoded with the bit-level oracle).
+  Error statistics of every quantized tensor follow; they are information only.
+* The source is ``source`` when given, else the recorded ``metadata.source.path`` when it
+  exists locally (``use_recorded_source=False`` turns that off); otherwise the source checks
+  are ``skipped`` with the reason.  The plan is rebuilt from the recorded recipe text against
+  that source.  A tensor whose source digest differs from the recorded one is reported under
+  ``source-identity`` (exit 4) and is not compared word by word.
+* Memory: the per-tensor checks run on a pool of ``jobs`` threads, each holding one tensor
+  (its stored logical words, its re-derivation and its source values) at a time; numpy, xxhash
+  and the encoders release the GIL.  Results are deterministic: findings are ordered by check,
+  then by stored tensor order, whatever the scheduling.
+* ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
+  from the workers; it must be thread-safe and cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..container import Artifact, open_artifact
+from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
+from ..errors import ArtifactError, NinferError, SourceError, UsageError
+from ..formats import MAXABS_F16_RECIP_RNE_V1, Category, lookup_format
+from ..logical import GroupedCodes, LogicalTensor
+from ..validate import logical_problems
+from .compare import compare_logical, error_stats, oracle_sample
+from .report import (
+    CheckResult,
+    Finding,
+    SourceUse,
+    TensorErrorStats,
+    VerifyReport,
+    checks_in_order,
+)
+
+if TYPE_CHECKING:  # imported lazily at run time (recipe and source pull in more)
+    from ..recipe import Plan, PlanEntry
+    from ..source import SourceCheckpoint
+
+__all__ = [
+    "DEFAULT_ORACLE_GROUPS",
+    "DEFAULT_SEED",
+    "ProgressEvent",
+    "check_artifact_path",
+    "verify_artifact",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ORACLE_GROUPS = 16
+"""Groups per grouped tensor re-encoded with the oracle (about 4 ms each for G = 64)."""
+DEFAULT_SEED = 0x5EED
+"""Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """``phase`` is 'open', 'integrity', 'padding', 'plan' or 'tensors'; ``done``/``total``
+    count tensors (bytes for 'integrity'), ``item`` names the tensor just finished."""
+
+    phase: str
+    done: int
+    total: int
+    item: str | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths and options
+
+
+def check_artifact_path(path: str | os.PathLike[str]) -> Path:
+    """Refuse (UsageError, exit 2) a missing path and one that is not recognisably an artifact.
+
+    Recognisable: a directory holding ``model.ninfer`` or ``model.ninfer.index.json``, a file
+    named ``*.index.json``, or a file whose first bytes are (a prefix of) the container magic.
+    A recognisable artifact that is damaged is not a usage error: verify reports it (exit 6).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UsageError("no such file or directory", path=str(p), hint="check the artifact path")
+    if p.is_dir():
+        if not (p / SINGLE_NAME).exists() and not (p / INDEX_NAME).exists():
+            raise UsageError(
+                f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
+                path=str(p),
+            )
+        return p
+    if p.name.endswith(".index.json"):
+        return p
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(len(MAGIC))
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
+    if not MAGIC.startswith(head) or (not head and p.suffix != ".ninfer"):
+        shown = head.hex(" ") if head else "an empty file"
+        raise UsageError(
+            f"not a .ninfer artifact (starts with {shown}, a container starts with "
+            f"{MAGIC.hex(' ')})",
+            path=str(p),
+            hint="pass a model.ninfer file, a shard index or the artifact directory",
+        )
+    return p
+
+
+def _source_exists(spec: str) -> bool:
+    from ..source.hf_cache import looks_like_repo_id
+
+    return Path(spec).expanduser().exists() or looks_like_repo_id(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-tensor work
+
+
+@dataclass
+class _TensorOutcome:
+    name: str
+    values: list[Finding] = field(default_factory=list)
+    identity: list[Finding] = field(default_factory=list)
+    words: list[Finding] = field(default_factory=list)
+    oracle: list[Finding] = field(default_factory=list)
+    compared: bool = False
+    oracle_groups: int = 0
+    stats: TensorErrorStats | None = None
+
+
+@dataclass
+class _SourceContext:
+    source: SourceCheckpoint
+    entries: Mapping[str, PlanEntry]
+    recorded: Mapping[str, str]
+    """Recorded source digests by source tensor name."""
+    device: str
+    """'cpu' or 'cuda', as :func:`ninfer_convert.convert.resolve_device` returns it."""
+    threads: int
+    oracle_groups: int
+    seed: int
+
+
+def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _TensorOutcome:
+    info = art.tensors[name]
+    fmt = lookup_format(info.format)
+    out = _TensorOutcome(name)
+    where = str(info.file)
+    try:
+        found: LogicalTensor | None = art.read(name)
+    except NinferError as exc:
+        out.values.append(
+            Finding.of("values", ArtifactError(f"cannot decode: {exc.message}", path=where,
+                                               tensor=name))
+        )  # fmt: skip
+        found = None
+    if found is not None:
+        out.values += [Finding.of("values", p) for p in logical_problems(fmt, found, name)]
+    if ctx is None or found is None:
+        return out
+    entry = ctx.entries.get(name)
+    if entry is None:
+        return out  # reported once by the inventory check
+    from ..convert import derive_logical  # the one derivation convert uses
+
+    try:
+        derived = derive_logical(entry, ctx.source, device=ctx.device, threads=ctx.threads)
+    except NinferError as exc:
+        changed = _changed_sources(ctx, entry, out)
+        if not changed:
+            out.words.append(
+                Finding.of(
+                    "source-words",
+                    ArtifactError(
+                        f"cannot re-derive it from the unchanged source: {exc.render()}",
+                        path=where,
+                        tensor=name,
+                    ),
+                )
+            )
+        return out
+    if _digest_findings(ctx, entry, dict(derived.source_digests), out):
+        return out
+    out.compared = True
+    for m in compare_logical(fmt, name, derived.logical, found):
+        out.words.append(
+            Finding(
+                check="source-words",
+                error="ArtifactError",
+                exit_code=ArtifactError.exit_code,
+                message=f"differs from its re-derivation from the source: {m.describe()}",
+                path=where,
+                tensor=name,
+                mismatch=m,
+            )
+        )
+    enc = derived.encode_input
+    if enc is not None and tuple(enc.words.shape) != tuple(info.shape):
+        enc = None  # not in the tensor's logical coordinates: no oracle, no statistics
+    if (
+        fmt.category is Category.GROUPED
+        and entry.encoder_profile == MAXABS_F16_RECIP_RNE_V1
+        and isinstance(found, GroupedCodes)
+        and enc is not None
+        and ctx.oracle_groups > 0
+    ):
+        checked, mismatches = oracle_sample(
+            fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed
+        )
+        out.oracle_groups = checked
+        for m in mismatches:
+            out.oracle.append(
+                Finding(
+                    check="oracle-sample",
+                    error="ArtifactError",
+                    exit_code=ArtifactError.exit_code,
+                    message=f"differs from the Section 7 oracle: {m.describe()}",
+                    path=where,
+                    tensor=name,
+                    mismatch=m,
+                )
+            )
+    if fmt.category is not Category.DIRECT and enc is not None:
+        out.stats = error_stats(fmt, name, enc.words, enc.source_dtype, found)
+    return out
+
+
+def _digest_findings(
+    ctx: _SourceContext, entry: PlanEntry, digests: dict[str, str], out: _TensorOutcome
+) -> bool:
+    """Compare the digests read with the recorded ones; True when a source tensor changed."""
+    changed = False
+    for src in entry.sources:
+        now = digests.get(src.name)
+        was = ctx.recorded.get(src.name)
+        if was is None:
+            out.identity.append(
+                Finding.of(
+                    "source-identity",
+                    ArtifactError(
+                        f"the artifact records no digest for its source tensor {src.name!r}",
+                        tensor=entry.output,
+                    ),
+                )
+            )
+        elif now is not None and now != was:
+            changed = True
+            out.identity.append(
+                Finding.of(
+                    "source-identity",
+                    SourceError(
+                        f"source tensor {src.name!r} changed since conversion: recorded "
+                        f"digest {was}, now {now}; the tensor was not compared",
+                        path=str(ctx.source.path),
+                        tensor=entry.output,
+                        hint="verify against the recorded source, or convert again",
+                    ),
+                )
+            )
+    return changed
+
+
+def _changed_sources(ctx: _SourceContext, entry: PlanEntry, out: _TensorOutcome) -> bool:
+    """After a failed re-derivation: read each source tensor's digest on its own."""
+    digests: dict[str, str] = {}
+    for src in entry.sources:
+        try:
+            digests[src.name] = ctx.source.read(src.name).digest
+        except NinferError as exc:
+            out.identity.append(
+                Finding.of(
+                    "source-identity", SourceError(exc.message, path=exc.path, tensor=entry.output)
+                )
+            )
+            return True
+    return _digest_findings(ctx, entry, digests, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Source preparation (header-only)
+
+
+@dataclass
+class _Prepared:
+    use: SourceUse
+    ctx: _SourceContext | None
+    identity: list[Finding]
+    words: list[Finding]
+
+
+def _prepare_source(
+    art: Artifact,
+    source: str | os.PathLike[str] | None,
+    use_recorded_source: bool,
+    device: str,
+    jobs: int,
+    oracle_groups: int,
+    seed: int,
+) -> _Prepared:
+    recorded_path = art.meta.source.path
+    if source is not None:
+        spec, origin = os.fspath(source), "argument"
+    elif use_recorded_source and recorded_path and Path(recorded_path).expanduser().exists():
+        spec, origin = recorded_path, "recorded"
+    else:
+        reason = (
+            "source checks turned off"
+            if not use_recorded_source
+            else f"the recorded source {recorded_path!r} does not exist here; pass --source"
+        )
+        return _Prepared(SourceUse(None, "none", False, reason), None, [], [])
+    use_origin: Literal["argument", "recorded"] = "argument" if origin == "argument" else "recorded"
+
+    from ..recipe import build_plan, loads_recipe
+    from ..source import open_source
+
+    def fail(finding: Finding, words: bool = False) -> _Prepared:
+        use = SourceUse(spec, use_origin, False, finding.message)
+        return _Prepared(use, None, [] if words else [finding], [finding] if words else [])
+
+    try:
+        src = open_source(spec)
+    except NinferError as exc:
+        return fail(Finding.of("source-identity", SourceError(exc.message, path=exc.path or spec,
+                                                              hint=exc.hint)))  # fmt: skip
+    try:
+        recipe = loads_recipe(art.meta.recipe.text)
+    except NinferError as exc:
+        return fail(
+            Finding.of(
+                "source-words",
+                ArtifactError(
+                    f"the recipe recorded in the artifact does not load: {exc.message}",
+                    path=str(art.path),
+                ),
+            ),
+            words=True,
+        )
+    try:
+        plan: Plan = build_plan(recipe, src, check_identity=False)
+    except NinferError as exc:
+        return fail(
+            Finding.of(
+                "source-identity",
+                SourceError(
+                    f"the recorded recipe does not apply to this source, so it is not the "
+                    f"recorded one: {exc.message}",
+                    path=spec,
+                ),
+            )
+        )
+    identity: list[Finding] = []
+    recorded = art.meta.source.tensors
+    for name, rec in recorded.items():
+        sinfo = src.tensors.get(name)
+        if sinfo is None:
+            identity.append(
+                Finding.of(
+                    "source-identity",
+                    SourceError(f"the recorded source tensor {name!r} is missing", path=spec),
+                )
+            )
+        elif sinfo.dtype != rec.dtype or tuple(sinfo.shape) != tuple(rec.shape):
+            identity.append(
+                Finding.of(
+                    "source-identity",
+                    SourceError(
+                        f"source tensor {name!r} is {sinfo.dtype} {list(sinfo.shape)}, recorded "
+                        f"as {rec.dtype} {list(rec.shape)}",
+                        path=spec,
+                    ),
+                )
+            )
+    words: list[Finding] = []
+    entries = {e.output: e for e in plan.entries}
+    for name, entry in entries.items():
+        info = art.tensors.get(name)
+        if info is None:
+            words.append(
+                Finding.of(
+                    "source-words",
+                    ArtifactError(
+                        f"the recorded recipe produces {name!r} ({entry.format}) but the "
+                        "artifact does not store it",
+                        path=str(art.path),
+                        tensor=name,
+                    ),
+                )
+            )
+            continue
+        prov = info.entry.provenance
+        problems = []
+        if info.format != entry.format:
+            problems.append(f"format {info.format}, the recipe gives {entry.format}")
+        if tuple(info.shape) != tuple(entry.shape):
+            problems.append(f"shape {list(info.shape)}, the recipe gives {list(entry.shape)}")
+        if prov.encoder_profile != entry.encoder_profile:
+            problems.append(
+                f"encoder profile {prov.encoder_profile}, the recipe gives {entry.encoder_profile}"
+            )
+        if prov.conversion != entry.conversion:
+            problems.append(f"conversion {prov.conversion}, the recipe gives {entry.conversion}")
+        if problems:
+            words.append(
+                Finding.of(
+                    "source-words",
+                    ArtifactError(
+                        "the header disagrees with the recorded recipe: " + "; ".join(problems),
+                        path=str(info.file),
+                        tensor=name,
+                    ),
+                )
+            )
+    for name, info in art.tensors.items():
+        if name not in entries:
+            words.append(
+                Finding.of(
+                    "source-words",
+                    ArtifactError(
+                        "stored, but the recorded recipe does not produce it from this source",
+                        path=str(info.file),
+                        tensor=name,
+                    ),
+                )
+            )
+    bad = {f.tensor for f in words}
+    usable = {n: e for n, e in entries.items() if n in art.tensors and n not in bad}
+    from ..convert import resolve_device
+
+    ctx = _SourceContext(
+        source=src,
+        entries=usable,
+        recorded={k: v.digest for k, v in recorded.items()},
+        device=resolve_device(device),
+        threads=jobs,
+        oracle_groups=oracle_groups,
+        seed=seed,
+    )
+    note = f"compared against {spec} ({'given' if origin == 'argument' else 'recorded path'})"
+    return _Prepared(SourceUse(spec, use_origin, True, note), ctx, identity, words)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+def _status(findings: list[Finding]) -> Literal["pass", "fail"]:
+    return "fail" if findings else "pass"
+
+
+def verify_artifact(
+    artifact: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    use_recorded_source: bool = True,
+    device: str = "auto",
+    jobs: int = 2,
+    oracle_groups: int = DEFAULT_ORACLE_GROUPS,
+    seed: int = DEFAULT_SEED,
+    progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """Run every check (see the module contract) and return the report."""
+    started = time.perf_counter()
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"jobs must be a positive integer, not {jobs!r}")
+    if isinstance(oracle_groups, bool) or not isinstance(oracle_groups, int) or oracle_groups < 0:
+        raise UsageError(f"oracle_groups must be a non-negative integer, not {oracle_groups!r}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
+    path = check_artifact_path(artifact)
+    if source is not None and not _source_exists(os.fspath(source)):
+        raise UsageError(
+            "no such source file or directory",
+            path=os.fspath(source),
+            hint="pass the model directory, a .safetensors file, or a cached org/name",
+        )
+    settings: dict[str, Any] = {
+        "jobs": jobs,
+        "device": device,
+        "oracle_groups": oracle_groups,
+        "seed": seed,
+    }
+
+    def emit(phase: str, done: int, total: int, item: str | None = None) -> None:
+        if progress is not None:
+            progress(ProgressEvent(phase, done, total, item))
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    emit("open", 0, 1)
+    try:
+        art = open_artifact(path, check_header_digest=False)
+    except ArtifactError as exc:
+        timings["open"] = time.perf_counter() - t0
+        finding = Finding.of("structure", exc)
+        skipped = "not run: the artifact could not be opened"
+        checks = [CheckResult("structure", "fail", 0, (finding,))] + [
+            CheckResult(name, "skipped", 0, (), skipped)
+            for name in ("integrity", "padding", "values", "source-identity", "source-words",
+                         "oracle-sample")
+        ]  # fmt: skip
+        return VerifyReport(
+            artifact=str(path),
+            source=SourceUse(None if source is None else os.fspath(source), "none", False,
+                             skipped),
+            checks=tuple(checks),
+            statistics=(),
+            tensors=0,
+            bytes=0,
+            seconds=time.perf_counter() - started,
+            settings=settings,
+            timings=timings,
+        )  # fmt: skip
+    with art:
+        timings["open"] = time.perf_counter() - t0
+        emit("open", 1, 1)
+        names = list(art.tensors)
+        total_bytes = art.total_bytes()
+        results = [CheckResult("structure", "pass", len(names), ())]
+
+        t0 = time.perf_counter()
+        emit("integrity", 0, total_bytes)
+        integrity = [Finding.of("integrity", e) for e in art.integrity_problems()]
+        timings["integrity"] = time.perf_counter() - t0
+        emit("integrity", total_bytes, total_bytes)
+        results.append(CheckResult("integrity", _status(integrity), len(names), tuple(integrity)))
+
+        t0 = time.perf_counter()
+        emit("padding", 0, len(names))
+        padding = [Finding.of("padding", e) for e in art.padding_problems()]
+        timings["padding"] = time.perf_counter() - t0
+        emit("padding", len(names), len(names))
+        results.append(CheckResult("padding", _status(padding), len(names), tuple(padding)))
+
+        t0 = time.perf_counter()
+        emit("plan", 0, 1)
+        prepared = _prepare_source(
+            art, source, use_recorded_source, device, jobs, oracle_groups, seed
+        )
+        timings["plan"] = time.perf_counter() - t0
+        emit("plan", 1, 1)
+        if prepared.ctx is not None:
+            settings["device_used"] = prepared.ctx.device
+
+        t0 = time.perf_counter()
+        outcomes = _run_tensors(art, names, prepared.ctx, jobs, emit)
+        timings["tensors"] = time.perf_counter() - t0
+
+    values = [f for o in outcomes for f in o.values]
+    results.append(CheckResult("values", _status(values), len(names), tuple(values)))
+    identity = prepared.identity + [f for o in outcomes for f in o.identity]
+    words = prepared.words + [f for o in outcomes for f in o.words]
+    oracle = [f for o in outcomes for f in o.oracle]
+    if prepared.use.compared:
+        compared = sum(1 for o in outcomes if o.compared)
+        groups = sum(o.oracle_groups for o in outcomes)
+        sampled = sum(1 for o in outcomes if o.oracle_groups)
+        not_compared = len(names) - compared
+        results += [
+            CheckResult("source-identity", _status(identity), len(names), tuple(identity)),
+            CheckResult(
+                "source-words",
+                _status(words),
+                compared,
+                tuple(words),
+                f"{not_compared} tensor(s) not compared" if not_compared else "",
+            ),
+            CheckResult(
+                "oracle-sample",
+                _status(oracle),
+                sampled,
+                tuple(oracle),
+                f"{groups} group(s) in {sampled} tensor(s)",
+            ),
+        ]
+    else:
+        reason = prepared.use.reason
+        results += [
+            CheckResult("source-identity", _status(identity) if identity else "skipped", 0,
+                        tuple(identity), reason),
+            CheckResult("source-words", _status(words) if words else "skipped", 0, tuple(words),
+                        reason),
+            CheckResult("oracle-sample", "skipped", 0, (), reason),
+        ]  # fmt: skip
+    stats = tuple(o.stats for o in outcomes if o.stats is not None)
+    return VerifyReport(
+        artifact=str(path),
+        source=prepared.use,
+        checks=checks_in_order(results),
+        statistics=stats,
+        tensors=len(names),
+        bytes=total_bytes,
+        seconds=time.perf_counter() - started,
+        settings=settings,
+        timings=timings,
+    )
+
+
+def _run_tensors(
+    art: Artifact,
+    names: list[str],
+    ctx: _SourceContext | None,
+    jobs: int,
+    emit: Callable[[str, int, int, str | None], None],
+) -> list[_TensorOutcome]:
+    total = len(names)
+    done = 0
+    lock = threading.Lock()
+    emit("tensors", 0, total, None)
+
+    def work(name: str) -> _TensorOutcome:
+        nonlocal done
+        result = _check_tensor(art, name, ctx)
+        with lock:
+            done += 1
+            count = done
+        emit("tensors", count, total, name)
+        return result
+
+    if jobs == 1 or total <= 1:
+        return [work(n) for n in names]
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-verify") as pool:
+        # map keeps the stored order of the results whatever order the workers finish in.
+        return list(pool.map(work, names))
