@@ -52,8 +52,9 @@ evidence:
 def write_checkpoint(root: Path, size_bytes: int) -> tuple[int, int]:
     """Write shards of ~1 GiB; returns (total tensor bytes, largest tensor bytes)."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                   "architectures": ["LlamaForCausalLM"]}))  # fmt: skip
+    (root / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    )
     rng = np.random.default_rng(0)
     # A pool of BF16 words (normal values), reused with rolls so generation stays cheap.
     pool = (rng.standard_normal(1 << 24, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -62,9 +63,11 @@ def write_checkpoint(root: Path, size_bytes: int) -> tuple[int, int]:
     layer = 0
     while total < size_bytes:
         p = f"model.layers.{layer}."
-        for name, shape in ((p + "mlp.up_proj.weight", (4 * HIDDEN, HIDDEN)),
-                            (p + "mlp.down_proj.weight", (HIDDEN, 4 * HIDDEN)),
-                            (p + "self_attn.o_proj.weight", (HIDDEN, HIDDEN))):  # fmt: skip
+        for name, shape in (
+            (p + "mlp.up_proj.weight", (4 * HIDDEN, HIDDEN)),
+            (p + "mlp.down_proj.weight", (HIDDEN, 4 * HIDDEN)),
+            (p + "self_attn.o_proj.weight", (HIDDEN, HIDDEN)),
+        ):
             tensors.append((name, shape))
             total += shape[0] * shape[1] * 2
         tensors.append((p + "input_layernorm.weight", (1, HIDDEN)))
@@ -148,17 +151,23 @@ def main() -> None:
         shutil.rmtree(src)
     t0 = time.perf_counter()
     total, largest = write_checkpoint(src, int(args.size_gb * 1e9))
-    print(f"wrote synthetic checkpoint: {total / 1e9:.2f} GB, largest tensor "
-          f"{largest / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")  # fmt: skip
-    results: dict[str, object] = {"machine": machine(), "source_bytes": total,
-                                  "largest_tensor_bytes": largest, "runs": []}  # fmt: skip
+    print(
+        f"wrote synthetic checkpoint: {total / 1e9:.2f} GB, largest tensor "
+        f"{largest / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s"
+    )
+    results: dict[str, object] = {
+        "machine": machine(),
+        "source_bytes": total,
+        "largest_tensor_bytes": largest,
+        "runs": [],
+    }
     t_copy = copy_baseline(src, work / "copy")
     shutil.rmtree(work / "copy")
     copy_rate = total / t_copy
     print(f"file copy (read+write+fsync): {t_copy:.2f} s, {copy_rate / 1e9:.3f} GB/s")
     results["copy_seconds"] = t_copy
 
-    exe = [sys.executable, "-m", "ninfer_convert.cli"]
+    exe = [sys.executable, "-m", "ninfer_convert"]
     for fmt in args.formats.split(","):
         recipe = work / f"recipe-{fmt}.yaml"
         recipe.write_text(RECIPE_TEMPLATE.format(fmt=fmt))
@@ -166,8 +175,8 @@ def main() -> None:
         if out.exists():
             shutil.rmtree(out)
         t_conv, peak_conv, _ = run_measured(
-            exe
-            + [
+            [
+                *exe,
                 "convert",
                 str(src),
                 "--recipe",
@@ -179,10 +188,10 @@ def main() -> None:
                 "--jobs",
                 str(args.jobs),
                 "--json",
-            ]  # fmt: skip
+            ]
         )
         t_ver, peak_ver, _ = run_measured(
-            exe + ["verify", str(out), "--source", str(src), "--jobs", str(args.jobs), "--json"]
+            [*exe, "verify", str(out), "--source", str(src), "--jobs", str(args.jobs), "--json"]
         )
         elems = total // 2
         limit = 2 * largest + (256 << 20)
@@ -201,11 +210,13 @@ def main() -> None:
             "artifact_bytes": sum(p.stat().st_size for p in out.iterdir()),
         }
         results["runs"].append(row)  # type: ignore[union-attr]
-        print(f"{fmt}: convert {t_conv:.2f} s ({row['convert_gb_per_s']:.3f} GB/s, "
-              f"{row['convert_melem_per_s']:.0f} Melem/s, {row['convert_vs_copy']:.2f}x copy), "
-              f"peak RssAnon {peak_conv / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB); "
-              f"verify {t_ver:.2f} s ({row['verify_vs_convert']:.2f}x convert), "
-              f"peak RssAnon {peak_ver / 2**20:.0f} MiB")  # fmt: skip
+        print(
+            f"{fmt}: convert {t_conv:.2f} s ({row['convert_gb_per_s']:.3f} GB/s, "
+            f"{row['convert_melem_per_s']:.0f} Melem/s, {row['convert_vs_copy']:.2f}x copy), "
+            f"peak RssAnon {peak_conv / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB); "
+            f"verify {t_ver:.2f} s ({row['verify_vs_convert']:.2f}x convert), "
+            f"peak RssAnon {peak_ver / 2**20:.0f} MiB"
+        )
         if not args.keep:
             shutil.rmtree(out)
     if not args.keep:

@@ -65,16 +65,24 @@ def main() -> None:
         print("gguf not installed: pip install -e '.[bench]' to include the peer", file=sys.stderr)
 
     print(f"machine: {results['machine']}")
-    print(f"matrix: {args.rows} x {args.cols} BF16 = {n / 1e6:.1f} M elements, "
-          f"{nbytes / 1e6:.0f} MB")  # fmt: skip
-    print(f"{'format':<20}{'backend':<14}{'seconds':>9}{'Melem/s':>10}{'GB/s':>8}"
-          f"{'vs memcpy':>11}")  # fmt: skip
+    print(
+        f"matrix: {args.rows} x {args.cols} BF16 = {n / 1e6:.1f} M elements, {nbytes / 1e6:.0f} MB"
+    )
+    print(f"{'format':<20}{'backend':<14}{'seconds':>9}{'Melem/s':>10}{'GB/s':>8}{'vs memcpy':>11}")
     table = []
     for fmt, backend, t in rows:
         rate, gbs = n / t / 1e6, nbytes / t / 1e9
         print(f"{fmt:<20}{backend:<14}{t:9.3f}{rate:10.1f}{gbs:8.2f}{t_copy / t:10.3f}x")
-        table.append({"format": fmt, "backend": backend, "seconds": t, "melem_per_s": rate,
-                      "gb_per_s": gbs, "ratio_vs_memcpy": t_copy / t})  # fmt: skip
+        table.append(
+            {
+                "format": fmt,
+                "backend": backend,
+                "seconds": t,
+                "melem_per_s": rate,
+                "gb_per_s": gbs,
+                "ratio_vs_memcpy": t_copy / t,
+            }
+        )
     results["rows"] = table
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
