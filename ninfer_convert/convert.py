@@ -22,6 +22,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -126,6 +127,9 @@ def resolve_device(device: str) -> str:
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
     if device == "cpu":
+        return "cpu"
+    if device == "auto" and not os.path.exists("/dev/nvidiactl"):
+        # No NVIDIA driver node: skip importing torch (seconds) just to learn there is no GPU.
         return "cpu"
     import torch
 
@@ -313,7 +317,8 @@ def convert_checkpoint(
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
-    used_device = resolve_device(device)
+    grouped_entries = any(e.encoder_profile is not None for e in plan.entries)
+    used_device = resolve_device(device) if grouped_entries or device == "cuda" else "cpu"
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     if used_device == "cuda" and grouped:
         cuda_parity_gate(grouped, device="cuda")
