@@ -1,13 +1,229 @@
-"""``ninfer verify``."""
+"""``ninfer verify ARTIFACT [--source SOURCE] [--device ...] [--jobs N] [--json]``.
+
+A thin layer over :func:`ninfer_convert.verify.verify_artifact`: it renders the report as a rich
+table (plain text when stdout is not a terminal) or as JSON (``--json``, schema in docs/cli.md),
+shows progress on stderr, and exits with the report's code: 0 when every check passed, 6 when
+the artifact is invalid or differs from its source, 4 when the source is not the recorded one,
+2 for usage errors (missing path, not an artifact, bad option).
+"""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 import click
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
 
 from ..errors import UsageError
+from ..verify import (
+    CHECK_DESCRIPTIONS,
+    DEFAULT_ORACLE_GROUPS,
+    DEFAULT_SEED,
+    ProgressEvent,
+    VerifyReport,
+    verify_artifact,
+)
+from .render import human_bytes, make_console
+
+__all__ = ["command", "render_report"]
+
+_PHASES = {
+    "open": "opening",
+    "integrity": "digests",
+    "padding": "padding",
+    "plan": "planning against the source",
+    "tensors": "tensors",
+}
+
+
+class _Reporter:
+    """Rich progress on a terminal; one plain stderr line per phase and per ~5 s otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.phase = ""
+        self.last = 0.0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> _Reporter:
+        if self.tty and not self.quiet:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[item]}"), console=make_console(stderr=True),
+                transient=True,
+            )  # fmt: skip
+            self.progress.__enter__()
+            self.task = self.progress.add_task("verify", total=None, item="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(None, None, None)
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        if self.quiet:
+            return
+        label = _PHASES.get(ev.phase, ev.phase)
+        with self.lock:
+            if self.progress is not None and self.task is not None:
+                self.progress.update(
+                    self.task, description=label, total=ev.total or None, completed=ev.done,
+                    item=ev.item or "",
+                )  # fmt: skip
+                return
+            now = time.monotonic()
+            new_phase = ev.phase != self.phase
+            tick = ev.phase == "tensors" and (ev.done == ev.total or now - self.last >= 5.0)
+            if new_phase or tick:
+                count = f" {ev.done}/{ev.total}" if ev.phase == "tensors" else ""
+                click.echo(f"verify: {label}{count}", err=True)
+                self.phase = ev.phase
+                self.last = now
+
+
+def _status_cell(status: str) -> str:
+    """Upper-case status with a colour (rich drops the style on a plain console)."""
+    style = {"pass": "green", "fail": "bold red", "skipped": "yellow"}.get(status, "")
+    return f"[{style}]{status.upper()}[/]" if style else status.upper()
+
+
+def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
+    """Print the checks table, the findings, the first mismatch and the error statistics."""
+    console = make_console()
+    src = report.source
+    where = (
+        f"source {src.path} ({'given' if src.origin == 'argument' else 'recorded path'})"
+        if src.compared
+        else f"no source comparison: {src.reason}"
+    )
+    console.print(
+        f"Verify {escape(report.artifact)}: {report.tensors} tensors, "
+        f"{human_bytes(report.bytes)}; {escape(where)}"
+    )
+    table = Table(title="Checks")
+    for col in ("#", "check", "status", "tensors", "findings", "what it proves / note"):
+        table.add_column(col, overflow="fold")
+    for i, c in enumerate(report.checks, start=1):
+        text = CHECK_DESCRIPTIONS.get(c.name, "")
+        if c.note:
+            text += f" ({escape(c.note)})"
+        table.add_row(str(i), c.name, _status_cell(c.status), str(c.tensors),
+                      str(len(c.findings)), text)  # fmt: skip
+    console.print(table)
+
+    findings = report.findings
+    if findings:
+        ft = Table(title=f"Findings ({len(findings)})")
+        for col in ("check", "error", "tensor", "message"):
+            ft.add_column(col, overflow="fold")
+        for f in findings[:max_findings]:
+            ft.add_row(f.check, f.error, escape(f.tensor or "-"), escape(f.message))
+        console.print(ft)
+        if len(findings) > max_findings:
+            console.print(
+                f"... and {len(findings) - max_findings} more (--max-findings, or --json for all)"
+            )
+    first = report.first_mismatch
+    if first is not None:
+        console.print(
+            f"First mismatch: tensor {escape(first.tensor)!s}: {escape(first.describe())}"
+        )
+
+    if report.statistics:
+        worst = report.worst()
+        st = Table(
+            title=f"Error statistics against the source (worst {len(worst)} of "
+            f"{len(report.statistics)} quantized tensors; information, not pass/fail)"
+        )
+        for col in ("tensor", "format", "weights", "max |error|", "RMS error", "SQNR dB"):
+            st.add_column(col, overflow="fold")
+        for s in worst:
+            sqnr = "exact" if s.exact else ("-" if s.sqnr_db is None else f"{s.sqnr_db:.2f}")
+            st.add_row(escape(s.tensor), s.format, f"{s.numel:,}", f"{s.max_abs_error:.6g}",
+                       f"{s.rms_error:.6g}", sqnr)  # fmt: skip
+        console.print(st)
+
+    rate = human_bytes(int(report.bytes_per_second))
+    if report.passed:
+        result = "[bold green]PASS[/]"
+        console.print(
+            f"{result}: every check passed ({report.tensors} tensors, "
+            f"{human_bytes(report.bytes)} in {report.seconds:.2f} s, {rate}/s)"
+        )
+    else:
+        result = "[bold red]FAIL[/]"
+        console.print(
+            f"{result}: {len(findings)} finding(s); exit code {report.exit_code} "
+            f"({report.seconds:.2f} s)"
+        )
 
 
 @click.command("verify")
-def command() -> None:
-    """Not built yet."""
-    raise UsageError("'ninfer verify' is not built yet")
+@click.argument("artifact", type=click.Path(path_type=str))
+@click.option("--source", default=None, metavar="SOURCE",
+              help="Source checkpoint to compare against (model directory, .safetensors file, "
+              "or cached org/name). Default: the path recorded in the artifact, when it "
+              "exists.")  # fmt: skip
+@click.option("--no-source", is_flag=True,
+              help="Skip the source checks even when the recorded source exists.")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Where grouped tensors are re-encoded.")  # fmt: skip
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Worker threads (one tensor each at a time).")  # fmt: skip
+@click.option("--oracle-groups", type=click.IntRange(min=0), default=DEFAULT_ORACLE_GROUPS,
+              show_default=True,
+              help="Groups per grouped tensor re-encoded with the bit-level oracle.")  # fmt: skip
+@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True,
+              help="Seed of the oracle group sample.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("--max-findings", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Findings listed in the table (--json lists all).")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@click.pass_context
+def command(
+    ctx: click.Context,
+    artifact: str,
+    source: str | None,
+    no_source: bool,
+    device: str,
+    jobs: int,
+    oracle_groups: int,
+    seed: int,
+    as_json: bool,
+    max_findings: int,
+    quiet: bool,
+) -> None:
+    """Check that ARTIFACT is exactly what its recipe promised.
+
+    In order: structure, integrity (every digest), layout padding, value invariants, and
+    against the source (identity, bit-exact re-derivation, oracle sample), then error
+    statistics. Every finding is reported. Exit code 0 only when everything passes; 6 when the
+    artifact is invalid or differs from its source; 4 when the source is not the recorded one;
+    2 for usage errors.
+    """
+    if source is not None and no_source:
+        raise UsageError("--source and --no-source contradict each other")
+    with _Reporter(quiet) as reporter:
+        report = verify_artifact(
+            artifact,
+            source=source,
+            use_recorded_source=not no_source,
+            device=device,
+            jobs=jobs,
+            oracle_groups=oracle_groups,
+            seed=seed,
+            progress=reporter,
+        )
+    if as_json:
+        click.echo(report.dumps())
+    else:
+        render_report(report, max_findings=max_findings)
+    if report.exit_code:
+        ctx.exit(report.exit_code)
