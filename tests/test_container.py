@@ -548,3 +548,19 @@ def test_grouped_formats_all_write(tmp_path: Path) -> None:
             assert logical_equal(art.read(fmt), make_logical(fmt, (129, 130), i))
             assert all(p.offset % 4096 == 0 for p in art.tensors[fmt].planes)
         assert art.integrity_problems() == [] and art.padding_problems() == []
+
+
+def test_unencodable_names_refused(tmp_path: Path) -> None:
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        with pytest.raises(UsageError, match="UTF-8"):
+            w.add(
+                "bad\ud800",
+                "I32",
+                DirectWords(np.arange(2, dtype=np.int32)),
+                role="r",
+                provenance=provenance("I32"),
+            )
+        with pytest.raises(UsageError, match="UTF-8"):
+            w.add_file(__file__, "x\ud800")
+    with open_artifact(tmp_path / "m") as art:
+        assert len(art.tensors) == 0

@@ -60,3 +60,17 @@ def test_golden_reads_back(fmt: str) -> None:
         assert logical_equal(art.read("w"), golden_logical(fmt))
         assert art.integrity_problems() == []
         assert art.padding_problems() == []
+
+
+def test_container_doc_hexdump_matches_golden() -> None:
+    """The worked example in docs/container.md is the committed golden file, byte for byte."""
+    doc = (Path(__file__).parent.parent / "docs" / "container.md").read_text(encoding="utf-8")
+    marker = "<!-- golden-hexdump: tests/golden/BF16.ninfer -->"
+    assert marker in doc
+    block = doc.split(marker, 1)[1].split("```", 2)[1]
+    data = bytearray()
+    for line in block.strip().splitlines():
+        offset, rest = line.split(": ", 1)
+        assert int(offset, 16) == len(data)
+        data += bytes.fromhex(rest[:40].replace(" ", ""))
+    assert bytes(data) == golden_path("BF16").read_bytes()

@@ -118,7 +118,16 @@ def _json_loads(raw: bytes, what: str, path: Path) -> Any:
             f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})", path=str(path)
         ) from None
     try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        # A \ud800 escape parses to a lone surrogate, which is not Unicode text: refuse it, so
+        # every accepted string can be written back as UTF-8.
+        canonical_json(value)
+        return value
+    except UnicodeEncodeError:
+        raise ArtifactError(
+            f"{what} contains an escaped lone surrogate, which is not Unicode text",
+            path=str(path),
+        ) from None
     except RecursionError:
         raise ArtifactError(f"{what} JSON is nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:

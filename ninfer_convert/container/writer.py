@@ -334,6 +334,10 @@ class ArtifactWriter:
             check_provenance(prov, fmt_name, "provenance")
         except SchemaError as exc:
             raise UsageError(f"{exc.where}: {exc.message}", tensor=name) from None
+        try:
+            canonical_json([name, role, prov.to_json()])
+        except UnicodeEncodeError as exc:
+            raise UsageError(f"not encodable as UTF-8: {exc.reason}", tensor=repr(name)) from None
 
     def _write(
         self,
@@ -411,10 +415,15 @@ class ArtifactWriter:
     def add_file(self, src_path: str | os.PathLike[str], dest_name: str) -> SideFile:
         """Copy a non-weight file into the model directory under the plain name ``dest_name``."""
         self._require_open()
+        if not isinstance(dest_name, str):
+            raise UsageError(f"side file name must be a string, not {dest_name!r}")
         try:
             check_side_file_name(dest_name, "dest_name")
+            dest_name.encode("utf-8")
         except SchemaError as exc:
             raise UsageError(exc.message) from None
+        except UnicodeEncodeError:
+            raise UsageError(f"side file name {dest_name!r} is not encodable as UTF-8") from None
         if dest_name in self._side:
             raise UsageError(f"side file {dest_name!r} added twice")
         src = Path(src_path)
