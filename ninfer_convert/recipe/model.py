@@ -87,6 +87,11 @@ class SourceIdentity:
     shapes: tuple[tuple[str, tuple[int, ...], int], ...]
     """(tensor name, expected shape, line) triples."""
     line: int
+    key_lines: tuple[tuple[str, int], ...] = ()
+    """Line of each key given under ``source``."""
+
+    def line_of(self, key: str) -> int:
+        return dict(self.key_lines).get(key, self.line)
 
 
 @dataclass(frozen=True)

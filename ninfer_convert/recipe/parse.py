@@ -286,7 +286,13 @@ def _parse_source(ctx: _Ctx, node: YNode) -> SourceIdentity | None:
                 if shape is not None:
                     shapes.append((tname, shape, vnode.line))
     return SourceIdentity(
-        tuple(model_type), tuple(archs), tuple(config), count, tuple(shapes), node.line
+        tuple(model_type),
+        tuple(archs),
+        tuple(config),
+        count,
+        tuple(shapes),
+        node.line,
+        tuple((k, v.line) for k, v in m.items()),
     )
 
 
@@ -356,6 +362,7 @@ def _parse_rule(ctx: _Ctx, node: YNode, index: int, known_ids: set[str]) -> Rule
     kind: str = "copy" if heads[0] == "match" and "copy" in m else heads[0]
     where = f"{where} ({kind})"
     ctx.keys(node, where, _RULE_REQUIRED[kind], _RULE_KEYS[kind])
+    m = {k: v for k, v in m.items() if k in _RULE_KEYS[kind]}  # unknown keys: reported once
     optional = bool(_opt(m, "optional", lambda n: ctx.boolean(n, f"{where}: optional")))
 
     pattern: NamePattern | None = None
@@ -419,12 +426,14 @@ def _parse_rule(ctx: _Ctx, node: YNode, index: int, known_ids: set[str]) -> Rule
 
     concat_axis: int | None = None
     if kind == "derive":
+        raw_inputs = m["inputs"].value if "inputs" in m else []
+        n_inputs = len(raw_inputs) if isinstance(raw_inputs, list) else 0
         if "concat_axis" in m:
             concat_axis = ctx.integer(m["concat_axis"], f"{where}: concat_axis", 0)
-            if len(inputs) == 1:
+            if n_inputs == 1:
                 ctx.err(m["concat_axis"].line, f"{where}: concat_axis needs two or more inputs")
-        elif len(inputs) > 1:
-            ctx.err(node.line, f"{where}: {len(inputs)} inputs need a concat_axis")
+        elif n_inputs > 1:
+            ctx.err(node.line, f"{where}: {n_inputs} inputs need a concat_axis")
 
     role = _opt(m, "role", lambda n: ctx.text(n, f"{where}: role"))
     fmt_name = _opt(m, "format", lambda n: ctx.text(n, f"{where}: format"))

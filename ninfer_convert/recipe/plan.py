@@ -374,8 +374,9 @@ class _Planner:
 
         needs_config = bool(ident.model_type or ident.architectures or ident.config)
         if needs_config and cfg is None:
+            first = next(k for k in ("model_type", "architectures", "config") if getattr(ident, k))
             bad(
-                ident.line,
+                ident.line_of(first),
                 f"the recipe checks config.json but the source ({self.source.kind}) has none",
             )
         if cfg is not None:
@@ -383,7 +384,7 @@ class _Planner:
                 mt = cfg.get("model_type")
                 if mt not in ident.model_type:
                     bad(
-                        ident.line,
+                        ident.line_of("model_type"),
                         f"config.json model_type is {mt!r}, the recipe is for "
                         + " or ".join(repr(m) for m in ident.model_type),
                     )
@@ -392,7 +393,7 @@ class _Planner:
                 have = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
                 if not set(have) & set(ident.architectures):
                     bad(
-                        ident.line,
+                        ident.line_of("architectures"),
                         f"config.json architectures are {have}, the recipe is for "
                         + " or ".join(ident.architectures),
                     )
@@ -404,7 +405,7 @@ class _Planner:
                     bad(line, f"config.json {key} is {value!r}, the recipe expects {expected!r}")
         if ident.tensor_count is not None and ident.tensor_count != len(self.names):
             bad(
-                ident.line,
+                ident.line_of("tensor_count"),
                 f"the source has {len(self.names)} tensors, the recipe expects "
                 f"{ident.tensor_count}",
             )
@@ -428,6 +429,8 @@ class _Planner:
                 self._claim_copy(rule)
             else:
                 self._claim_derive(rule)
+
+    def unclaimed(self) -> None:
         unclaimed = [n for n in self.names if n not in self.claimed]
         if unclaimed:
             shown = unclaimed[:_MAX_UNCLAIMED_SHOWN]
@@ -548,11 +551,11 @@ class _Planner:
                         f"{self.claimed[name].line}",
                     )
                     ok = False
-            if not ok:
-                continue
-            for name, _f in parts:
-                self.claimed[name] = rule
-            self.candidates.append(_Candidate(rule, out, [(tensors[n], f) for n, f in parts]))
+            for name, _f in parts:  # a failed unit still owns its tensors: no follow-on noise
+                if name in tensors:
+                    self.claimed.setdefault(name, rule)
+            if ok:
+                self.candidates.append(_Candidate(rule, out, [(tensors[n], f) for n, f in parts]))
 
     def _claim_derive(self, rule: Rule) -> None:
         assert rule.output is not None and rule.inputs
@@ -566,10 +569,15 @@ class _Planner:
             if key not in seen:
                 seen.add(key)
                 bindings.append(b)
-        if not bindings:
-            self._nothing(rule, [], f"no tensor matches the first input {rule.inputs[0].text!r}")
+        first = rule.inputs[0]
+        free = [b for b in bindings if first.format(b) not in self.claimed]
+        if not free:
+            if bindings:
+                self._nothing(rule, [first.format(b) for b in bindings])
+            else:
+                self._nothing(rule, [], f"no tensor matches the first input {first.text!r}")
             return
-        for b in bindings:
+        for b in free:
             names = [t.format(b) for t in rule.inputs]
             out = rule.output.format(b)
             ok = True
@@ -584,13 +592,13 @@ class _Planner:
                         f"line {self.claimed[name].line}",
                     )
                     ok = False
-            if not ok:
-                continue
-            for name in names:
-                self.claimed[name] = rule
-            self.candidates.append(
-                _Candidate(rule, out, [(self.source.tensors[n], "input") for n in names])
-            )
+            for name in names:  # a failed unit still owns its inputs: no follow-on noise
+                if name in self.source.tensors:
+                    self.claimed.setdefault(name, rule)
+            if ok:
+                self.candidates.append(
+                    _Candidate(rule, out, [(self.source.tensors[n], "input") for n in names])
+                )
 
     # -- entries -------------------------------------------------------------------------------
 
@@ -836,6 +844,7 @@ def build_plan(
     identity = planner.identity()
     planner.claim_all()
     entries = planner.entries()
+    planner.unclaimed()
     problems = list(load_problems)
     if check_identity:
         problems += identity
