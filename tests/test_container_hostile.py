@@ -681,3 +681,32 @@ def test_huge_declared_tensor_does_not_allocate(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+def test_read_with_verify(tmp_path: Path, small_file: bytes) -> None:
+    d = _artifact_dir(tmp_path, small_file)
+    path = d / SINGLE_NAME
+    plane = header_of(path)["tensors"][1]["planes"][0]
+    data = bytearray(small_file)
+    data[plane["offset"] + 3] ^= 0x10
+    path.write_bytes(data)
+    with open_artifact(d) as art:
+        name = list(art.tensors)[1]
+        art.read(name)  # no digest pass unless asked
+        with pytest.raises(IntegrityError, match="digest mismatch"):
+            art.read(name, verify=True)
+        assert art.verify_tensor(next(iter(art.tensors))) == []
+
+
+def test_duplicate_name_across_shards(sharded: Path) -> None:
+    first = header_of(sharded / "model-00001-of-00003.ninfer")["tensors"][0]["name"]
+    shard = sharded / "model-00002-of-00003.ninfer"
+    rewrite_header(shard, lambda h: h["tensors"][0].update(name=first))
+    _edit_index(
+        sharded,
+        lambda v: v["shards"][1].update(
+            size=shard.stat().st_size, digest=shard.read_bytes()[32:48].hex()
+        ),
+    )
+    with pytest.raises(ArtifactError, match=r"tensor also stored in model-00001-of-00003\.ninfer"):
+        open_artifact(sharded)

@@ -503,9 +503,35 @@ class Artifact:
     def _decode_error(self, info: TensorInfo, exc: NinferError) -> ArtifactError:
         return ArtifactError(f"cannot decode: {exc.message}", path=str(info.file), tensor=info.name)
 
-    def read(self, name: str) -> LogicalTensor:
-        """The tensor's logical representation (see :mod:`ninfer_convert.logical`)."""
+    def verify_tensor(self, name: str) -> list[IntegrityError]:
+        """Check the digests of one tensor's planes (a per-tensor slice of
+        :meth:`integrity_problems`)."""
         info = self._info(name)
+        c = self._owner[name]
+        problems = []
+        for p in info.planes:
+            actual = self._hash(c, p.offset, p.nbytes)
+            if actual != p.digest:
+                problems.append(
+                    IntegrityError(
+                        f"plane {p.name!r} digest mismatch: stored {p.digest}, computed {actual}",
+                        path=str(info.file),
+                        tensor=name,
+                    )
+                )
+        return problems
+
+    def read(self, name: str, *, verify: bool = False) -> LogicalTensor:
+        """The tensor's logical representation (see :mod:`ninfer_convert.logical`).
+
+        With ``verify=True`` the planes' digests are checked first and the first mismatch is
+        raised as :class:`IntegrityError`.
+        """
+        info = self._info(name)
+        if verify:
+            problems = self.verify_tensor(name)
+            if problems:
+                raise problems[0]
         layout = LAYOUTS[info.layout]
         with self._planes(info) as views:
             try:
@@ -570,17 +596,8 @@ class Artifact:
             for t in c.header.tensors:
                 for p in t.planes:
                     problems += self._gap_problems(c, cursor, p.offset, t.name, p.name)
-                    actual = self._hash(c, p.offset, p.nbytes)
-                    if actual != p.digest:
-                        problems.append(
-                            IntegrityError(
-                                f"plane {p.name!r} digest mismatch: stored {p.digest}, "
-                                f"computed {actual}",
-                                path=where,
-                                tensor=t.name,
-                            )
-                        )
                     cursor = p.offset + p.nbytes
+                problems += self.verify_tensor(t.name)
         problems += self._side_file_problems()
         return problems
 

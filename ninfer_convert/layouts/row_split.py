@@ -73,6 +73,8 @@ def _pack_fields(field: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uin
     """Pack [rows, Kp] fields of ``width`` bits, element c*per+i into bits i*width.. of byte c."""
     if width == 8:
         return field
+    if width == 1:  # numpy's bit packer, least significant bit first, is the same order
+        return np.packbits(field, axis=-1, bitorder="little")
     per = 8 // width
     rows, kp = field.shape
     grouped = field.reshape(rows, kp // per, per)
@@ -86,6 +88,8 @@ def _unpack_fields(packed: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.
     """Inverse of :func:`_pack_fields`: [rows, bytes] -> [rows, bytes * 8 / width] fields."""
     if width == 8:
         return packed
+    if width == 1:
+        return np.unpackbits(packed, axis=-1, bitorder="little")
     per = 8 // width
     mask = np.uint8((1 << width) - 1)
     rows, nb = packed.shape
