@@ -104,7 +104,9 @@ def _f32(word: int) -> float:
     return float(np.array([word], dtype=np.uint32).view(np.float32)[0])
 
 
-def _check_finite(entry: PlanEntry, words: npt.NDArray[np.generic], dtype: str, why: str) -> None:
+def _check_finite(
+    entry: PlanEntry, words: npt.NDArray[np.generic], dtype: str, why: str, hint: str
+) -> None:
     bad = nonfinite_mask(words, dtype)
     if bad.any():
         idx = _first(bad)
@@ -119,8 +121,7 @@ def _check_finite(entry: PlanEntry, words: npt.NDArray[np.generic], dtype: str, 
             f"{_at(idx)} of shape {list(words.shape)}; {why}",
             tensor=entry.output,
             rule=f"at line {entry.rule.line}",
-            hint="fix the source checkpoint"
-            + ("" if why.startswith("grouped") else ", or drop the finite-only constraint"),
+            hint=hint,
         )
 
 
@@ -145,14 +146,27 @@ def materialize(entry: PlanEntry, source: SourceCheckpoint) -> Materialized:
                 f"plan entry does not fit {fmt.name} ({dtype} {list(words.shape)})",
                 tensor=entry.output,
             )
-        _check_finite(entry, words, dtype, "grouped formats encode finite values only")
+        _check_finite(
+            entry,
+            words,
+            dtype,
+            "grouped formats encode finite values only",
+            "fix the source checkpoint, or store this tensor in a direct format",
+        )
         grouped: GroupedSource = dtype  # type: ignore[assignment]
         return Materialized(entry, EncodeInput(np.ascontiguousarray(words), grouped), digests)
 
     out = _convert(entry, words, dtype, fmt.name)
     if FINITE_ONLY in entry.constraints and fmt.name in ("BF16", "FP32"):
-        _check_finite(entry, out, fmt.name, "the recipe requires finite values only")
-    return Materialized(entry, DirectWords(np.ascontiguousarray(out)), digests)
+        _check_finite(
+            entry,
+            out,
+            fmt.name,
+            "the recipe requires finite values only (finite-only)",
+            "fix the source checkpoint, or drop the finite-only constraint",
+        )
+    # np.require keeps 0-d tensors 0-d (np.ascontiguousarray would make them 1-d).
+    return Materialized(entry, DirectWords(np.require(out, requirements="C")), digests)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +226,7 @@ def _convert(
                 np.asarray(words),
                 dtype,
                 f"{conv} refuses non-finite sources unless keep_nonfinite: true",
+                "fix the source checkpoint, or set keep_nonfinite: true on the rule",
             )
         wide32 = np.asarray(wide, dtype=np.uint32)
         out = f32_to_bf16_rne(wide32, keep_nonfinite=True, tensor=entry.output)
