@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -564,7 +565,8 @@ def fuzz_dir() -> Iterator[Path]:
 
 
 def _run_bounded(path: Path) -> None:
-    """open + read + checks may raise only ArtifactError, and allocate little."""
+    """open + read + checks may raise only ArtifactError, allocate little and end quickly."""
+    started = time.perf_counter()
     tracemalloc.start()
     try:
         for check in (False, True):
@@ -574,6 +576,7 @@ def _run_bounded(path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20, f"peak allocation {peak} bytes"
+    assert time.perf_counter() - started < 5.0
 
 
 @settings(max_examples=250, deadline=None)

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import FormatError, UsageError
-from ..formats import FORMATS, NumericFormat, lookup_format
+from ..formats import NumericFormat, lookup_format
 from ..logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 
 __all__ = [
@@ -273,8 +273,3 @@ def describe_bad_bytes(
     if rows.size > limit:
         out.append(f"plane {plane!r}: {rows.size} bytes with non-zero padding in total")
     return out
-
-
-def known_format_names() -> list[str]:
-    """All registered format names, for messages."""
-    return list(FORMATS)
