@@ -401,11 +401,14 @@ def summarize(art: Artifact, *, filter: str | None = None) -> InspectReport:
 # One tensor's details (reads its values)
 
 
-def _value_blocks(fmt: NumericFormat, t: LogicalTensor) -> Iterable[npt.NDArray[np.float32]]:
+def _value_blocks(fmt: NumericFormat, t: LogicalTensor) -> Iterable[npt.NDArray[np.floating[Any]]]:
     if isinstance(t, DirectWords):
         flat = t.words.reshape(-1)
         for i in range(0, flat.size, _BLOCK):
-            yield dequantize_logical(fmt, DirectWords(flat[i : i + _BLOCK]))
+            if fmt.name == "I32":  # binary64 holds every I32 value exactly; binary32 does not
+                yield flat[i : i + _BLOCK].astype(np.float64)
+            else:
+                yield dequantize_logical(fmt, DirectWords(flat[i : i + _BLOCK]))
         return
     n, k = t.codes.shape
     rows = max(1, _BLOCK // max(k, 1))

@@ -236,6 +236,7 @@ def oracle_sample(
                     _text(e, 1, True), _text(f, 1, True), int(diff.size), hi - lo,
                 )
             )  # fmt: skip
+    mismatches.sort(key=lambda m: (m.row or 0, m.group or 0, m.plane))
     return len(picks), mismatches
 
 

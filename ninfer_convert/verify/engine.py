@@ -102,8 +102,9 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
     """Refuse (UsageError, exit 2) a missing path and one that is not recognisably an artifact.
 
     Recognisable: a directory holding ``model.ninfer`` or ``model.ninfer.index.json``, a file
-    named ``*.index.json``, or a file whose first bytes are (a prefix of) the container magic.
-    A recognisable artifact that is damaged is not a usage error: verify reports it (exit 6).
+    named ``*.index.json`` or ``*.ninfer``, or a file whose first bytes are (a prefix of) the
+    container magic.  A recognisable artifact that is damaged (even in its magic bytes) is not
+    a usage error: verify reports it as invalid (exit 6).
     """
     p = Path(path)
     if not p.exists():
@@ -115,18 +116,17 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
                 path=str(p),
             )
         return p
-    if p.name.endswith(".index.json"):
+    if p.name.endswith((".index.json", ".ninfer")):
         return p
     try:
         with open(p, "rb") as fh:
             head = fh.read(len(MAGIC))
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
-    if not MAGIC.startswith(head) or (not head and p.suffix != ".ninfer"):
-        shown = head.hex(" ") if head else "an empty file"
+    if not head or not MAGIC.startswith(head):
+        what = f"starts with {head.hex(' ')}" if head else "is empty"
         raise UsageError(
-            f"not a .ninfer artifact (starts with {shown}, a container starts with "
-            f"{MAGIC.hex(' ')})",
+            f"not a .ninfer artifact (it {what}; a container starts with {MAGIC.hex(' ')})",
             path=str(p),
             hint="pass a model.ninfer file, a shard index or the artifact directory",
         )
@@ -427,6 +427,12 @@ def _prepare_source(
             )
         if prov.conversion != entry.conversion:
             problems.append(f"conversion {prov.conversion}, the recipe gives {entry.conversion}")
+        stored_sources = [s.name for s in prov.sources]
+        planned_sources = [s.name for s in entry.sources]
+        if stored_sources != planned_sources:
+            problems.append(
+                f"made from {stored_sources}, the recipe makes it from {planned_sources}"
+            )
         if problems:
             words.append(
                 Finding.of(

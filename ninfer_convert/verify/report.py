@@ -96,8 +96,7 @@ class Mismatch:
             where.append(f"index {list(self.index)}")
         return (
             f"{self.plane} {', '.join(where)}: expected {self.expected_text}, found "
-            f"{self.found_text} ({self.count} of {self.total} {self.plane} word"
-            f"{'s' if self.total != 1 else ''} differ)"
+            f"{self.found_text} ({self.count} of {self.total} differ)"
         )
 
     def to_json(self) -> dict[str, Any]:

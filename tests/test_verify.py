@@ -1,0 +1,528 @@
+"""verify: passes on fresh artifacts of every format, and catches every corruption of issue 5
+with the right check, message and exit code.
+
+Fixtures convert three sources once per module: the committed transformers-made example, the
+committed compressed-tensors NVFP4 export, and a synthetic checkpoint whose recipe stores all
+nine formats (FP32 via a conversion, I32 from I64, FP8 row copies, a concat and a transpose).
+Each corruption test works on its own copy.  How digests are kept valid where a test needs only
+a later check to fire is explained in ``verify_fixtures``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from artifact_fixtures import rewrite_header
+from verify_fixtures import (
+    EXAMPLE,
+    EXAMPLE_NVFP4,
+    RECIPE,
+    RECIPE_NVFP4,
+    container_files,
+    copy_artifact,
+    encode_by_division,
+    flip_byte,
+    patch_bytes,
+    plane_offset,
+    rewrite_artifact,
+    write_all_formats_source,
+)
+
+from ninfer_convert.container import open_artifact
+from ninfer_convert.container.wire import INDEX_NAME
+from ninfer_convert.convert import convert_checkpoint
+from ninfer_convert.errors import UsageError
+from ninfer_convert.formats import FORMATS
+from ninfer_convert.logical import FP8RowWords, GroupedCodes, NVFP4Words
+from ninfer_convert.verify import CHECK_ORDER, VerifyReport, sample_groups, verify_artifact
+
+ORACLE = 3  # oracle groups per tensor: enough to exercise the path, cheap on two cores
+
+
+def run(path: Path, **kw: object) -> VerifyReport:
+    kw.setdefault("oracle_groups", ORACLE)
+    kw.setdefault("device", "cpu")
+    return verify_artifact(path, **kw)  # type: ignore[arg-type]
+
+
+def failed(report: VerifyReport) -> dict[str, list[str]]:
+    """check name -> rendered findings, for the checks that failed."""
+    return {c.name: [f.render() for f in c.findings] for c in report.checks if c.findings}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("verify")
+
+
+@pytest.fixture(scope="module")
+def synthetic(work: Path) -> tuple[Path, Path, Path]:
+    """(source dir, recipe, single-file artifact) storing all nine formats."""
+    src, recipe = write_all_formats_source(work / "src")
+    out = work / "all-formats"
+    convert_checkpoint(src, recipe, out, device="cpu", alignment=64)
+    return src, recipe, out
+
+
+@pytest.fixture(scope="module")
+def sharded(work: Path, synthetic: tuple[Path, Path, Path]) -> Path:
+    src, recipe, _ = synthetic
+    out = work / "sharded"
+    convert_checkpoint(src, recipe, out, device="cpu", alignment=64, max_shard_size=2000)
+    assert (out / INDEX_NAME).exists() and len(container_files(out)) >= 3
+    return out
+
+
+@pytest.fixture(scope="module")
+def examples(work: Path) -> dict[str, Path]:
+    out = {}
+    for name, src, recipe in (("bf16", EXAMPLE, RECIPE), ("nvfp4", EXAMPLE_NVFP4, RECIPE_NVFP4)):
+        out[name] = work / f"example-{name}"
+        convert_checkpoint(src, recipe, out[name], device="cpu", alignment=64)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fresh artifacts pass
+
+
+def test_fresh_artifacts_of_every_format_pass(
+    synthetic: tuple[Path, Path, Path], examples: dict[str, Path]
+) -> None:
+    seen: set[str] = set()
+    for path in (synthetic[2], examples["bf16"], examples["nvfp4"]):
+        report = run(path)
+        assert report.passed, failed(report)
+        assert report.exit_code == 0
+        assert [c.name for c in report.checks] == list(CHECK_ORDER)
+        assert all(c.status == "pass" for c in report.checks)
+        assert report.source.compared and report.source.origin == "recorded"
+        # Every stored tensor was re-derived and compared bit for bit.
+        assert report.check("source-words").tensors == report.tensors
+        with open_artifact(path) as art:
+            formats = {i.format for i in art.tensors.values()}
+            grouped = [n for n, i in art.tensors.items() if FORMATS[i.format].is_grouped]
+        seen |= formats
+        assert report.check("oracle-sample").tensors == len(grouped)
+        assert {s.tensor for s in report.statistics} >= set(grouped)
+        json.dumps(report.to_json(), allow_nan=False)
+    assert seen == set(FORMATS)
+
+
+def test_error_statistics_are_exact_numbers(synthetic: tuple[Path, Path, Path]) -> None:
+    report = run(synthetic[2])
+    by_name = {s.tensor: s for s in report.statistics}
+    s = by_name["emb.weight"]
+    assert s.numel == 40 * 96 and not s.exact
+    assert 0 < s.rms_error <= s.max_abs_error
+    assert s.sqnr_db is not None and 20 < s.sqnr_db < 60  # 6-bit codes: roughly 6 dB per bit
+    assert report.worst(1)[0].sqnr_db == min(x.sqnr_db for x in report.statistics if x.sqnr_db)
+
+
+def test_verify_without_source_skips_source_checks(synthetic: tuple[Path, Path, Path]) -> None:
+    report = run(synthetic[2], use_recorded_source=False)
+    assert report.passed and report.exit_code == 0
+    assert report.check("source-words").status == "skipped"
+    assert report.check("oracle-sample").status == "skipped"
+    assert not report.statistics
+
+
+def test_results_do_not_depend_on_jobs(synthetic: tuple[Path, Path, Path]) -> None:
+    def stable(r: VerifyReport) -> dict[str, object]:
+        d = r.to_json()
+        d.pop("totals")
+        d.pop("settings")
+        return d
+
+    assert stable(run(synthetic[2], jobs=1)) == stable(run(synthetic[2], jobs=2))
+
+
+def test_oracle_sample_is_deterministic_and_includes_the_last_group() -> None:
+    a = sample_groups("t", 50, 3, 8, seed=1)
+    assert a == sample_groups("t", 50, 3, 8, seed=1)
+    assert a[0] == (49, 2) and len(set(a)) == 8
+    assert a != sample_groups("u", 50, 3, 8, seed=1)
+    assert sorted(sample_groups("t", 2, 2, 100, seed=1)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Integrity: a flipped byte in each plane kind, in the header
+
+
+PLANES = [
+    ("bias", "words"),  # BF16
+    ("norm.weight", "words"),  # FP32
+    ("ids", "words"),  # I32
+    ("attn.x.weight", "codes"),  # Q4
+    ("mlp.up.weight", "lo4"),  # Q5
+    ("mlp.up.weight", "hi1"),
+    ("emb.weight", "lo4"),  # Q6
+    ("emb.weight", "hi2"),
+    ("w8.weight", "codes"),  # W8
+    ("w8.weight", "scales"),
+    ("nv.weight", "codes"),  # NVFP4
+    ("nv.weight", "scales"),
+    ("nv.weight", "divisor"),
+    ("f8.weight", "codes"),  # FP8 row
+    ("f8.weight", "scales"),
+]
+
+
+@pytest.mark.parametrize(("tensor", "plane"), PLANES, ids=[f"{t}:{p}" for t, p in PLANES])
+def test_flipped_byte_in_each_plane_kind_fails_integrity(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path, tensor: str, plane: str
+) -> None:
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    path, offset, _ = plane_offset(art, tensor, plane)
+    flip_byte(path, offset)  # byte 0 of every plane is a logical word, never padding
+    report = run(art, use_recorded_source=False)
+    assert report.exit_code == 6
+    [finding] = report.check("integrity").findings
+    assert finding.tensor == tensor and finding.error == "IntegrityError"
+    assert f"plane {plane!r} digest mismatch" in finding.message
+
+
+def test_flipped_byte_is_also_located_by_the_source_comparison(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    path, offset, _ = plane_offset(art, "w8.weight", "codes")
+    flip_byte(path, offset + 128 + 10, 0x04)
+    report = run(art)
+    assert report.exit_code == 6
+    assert set(failed(report)) >= {"integrity", "source-words"}
+    m = report.first_mismatch
+    assert m is not None and m.tensor == "w8.weight" and m.plane == "codes"
+    # W8 rows are padded to 128 bytes: byte 138 is row 1, column 10 (group 0).
+    assert (m.row, m.column, m.group) == (1, 10, 0)
+    assert m.found - m.expected in (4, -4) and m.count == 1
+
+
+def test_header_byte_flips(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    # A flip that keeps the JSON valid (a digest hex digit): the header digest catches it.
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    [path] = container_files(art)
+    data = path.read_bytes()
+    with open_artifact(art) as a:
+        digest = a.tensors["bias"].planes[0].digest
+    pos = data.rindex(digest.encode())
+    flip_byte(path, pos, data[pos] ^ (ord("0") if digest[0] != "0" else ord("1")))
+    report = run(art, use_recorded_source=False)
+    assert report.exit_code == 6
+    messages = failed(report)["integrity"]
+    assert any("header digest mismatch" in m for m in messages)
+    assert any("'bias'" in m and "plane 'words' digest mismatch" in m for m in messages)
+    # A flip that breaks the JSON: structure fails, nothing else can run.
+    art2 = copy_artifact(synthetic[2], tmp_path / "b")
+    [path2] = container_files(art2)
+    flip_byte(path2, data.rindex(b'"tensors"'), 0x20)
+    report2 = run(art2)
+    assert report2.exit_code == 6
+    assert report2.check("structure").status == "fail"
+    assert all(c.status == "skipped" for c in report2.checks[1:])
+    # The magic itself: still reported as a damaged artifact, not a usage error.
+    art3 = copy_artifact(synthetic[2], tmp_path / "c")
+    flip_byte(container_files(art3)[0], 1)
+    report3 = run(container_files(art3)[0])
+    assert report3.exit_code == 6 and "not a .ninfer container" in failed(report3)["structure"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding
+
+
+def test_flipped_padding_byte(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    # attn.x.weight is Q4 [24, 70]: each 64-byte row holds 35 bytes of codes, then padding.
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    path, offset, _ = plane_offset(art, "attn.x.weight", "codes")
+    flip_byte(path, offset + 64 * 2 + 40, 0x10)
+    report = run(art)
+    assert report.exit_code == 6
+    f = failed(report)
+    assert set(f) == {"integrity", "padding"}  # the words themselves are untouched
+    assert "row 2 byte 40" in f["padding"][0] and "'attn.x.weight'" in f["padding"][0]
+
+    # The same flip written by a "consistent" producer (digests recomputed): padding alone.
+    art2 = copy_artifact(synthetic[2], tmp_path / "b")
+    _, offset2, _ = plane_offset(art2, "attn.x.weight", "codes")
+
+    def edit(p: Path, data: bytearray) -> None:
+        data[offset2 + 64 * 2 + 40] ^= 0x10
+
+    patch_bytes(art2, edit)
+    report2 = run(art2)
+    assert set(failed(report2)) == {"padding"} and report2.exit_code == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards
+
+
+def test_sharded_artifact_passes(sharded: Path) -> None:
+    report = run(sharded, oracle_groups=0)
+    assert report.passed, failed(report)
+
+
+def test_truncated_and_missing_shard(sharded: Path, tmp_path: Path) -> None:
+    art = copy_artifact(sharded, tmp_path / "t")
+    shard = container_files(art)[1]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    report = run(art)
+    assert report.exit_code == 6
+    [msg] = failed(report)["structure"]
+    assert shard.name in msg and "truncated or replaced shard" in msg
+
+    art2 = copy_artifact(sharded, tmp_path / "m")
+    missing = container_files(art2)[2]
+    missing.unlink()
+    report2 = run(art2)
+    assert report2.exit_code == 6
+    [msg2] = failed(report2)["structure"]
+    assert "is missing" in msg2 and missing.name in msg2
+
+
+def test_truncated_single_file(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    [path] = container_files(art)
+    path.write_bytes(path.read_bytes()[:-1])
+    report = run(art)
+    assert report.exit_code == 6 and "truncated" in failed(report)["structure"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Swapped tensors
+
+
+def test_swapped_tensor_payloads_with_valid_digests(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """pair.a and pair.b (same format and shape) trade their stored words; every digest is
+    recomputed, so only the comparison with the source can tell."""
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    with open_artifact(art) as a:
+        pa, pb = a.tensors["pair.a.weight"].planes, a.tensors["pair.b.weight"].planes
+
+    def edit(p: Path, data: bytearray) -> None:
+        for x, y in zip(pa, pb, strict=True):
+            ax, by = (
+                bytes(data[x.offset : x.offset + x.nbytes]),
+                bytes(data[y.offset : y.offset + y.nbytes]),
+            )
+            data[x.offset : x.offset + x.nbytes] = by
+            data[y.offset : y.offset + y.nbytes] = ax
+
+    patch_bytes(art, edit)
+    report = run(art)
+    f = failed(report)
+    assert "source-words" in f and set(f) <= {"source-words", "oracle-sample"}, f
+    assert report.exit_code == 6
+    assert {x.tensor for x in report.check("source-words").findings} == {
+        "pair.a.weight",
+        "pair.b.weight",
+    }
+    assert "differs from its re-derivation from the source" in f["source-words"][0]
+
+
+def test_swapped_tensor_names_in_the_header(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    [path] = container_files(art)
+
+    def swap(header: dict[str, object]) -> None:
+        tensors = header["tensors"]
+        assert isinstance(tensors, list)
+        a = next(t for t in tensors if t["name"] == "pair.a.weight")
+        b = next(t for t in tensors if t["name"] == "pair.b.weight")
+        a["name"], b["name"] = b["name"], a["name"]
+
+    rewrite_header(path, swap)
+    report = run(art)
+    assert report.exit_code == 6
+    msgs = failed(report)["source-words"]
+    assert any("made from ['pair.b.weight'], the recipe makes it from ['pair.a.weight']" in m
+               for m in msgs)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Value invariants (rewritten with valid digests)
+
+BAD_SCALES = [
+    ("attn.x.weight", 0x8000, "not a valid scale"),  # binary16 -0
+    ("attn.x.weight", 0x7E00, "not a valid scale"),  # NaN
+    ("attn.x.weight", 0x7C00, "not a valid scale"),  # +inf
+    ("nv.weight", 0x80, "negative (or -0) E4M3FN block scale"),  # E4M3FN -0
+    ("nv.weight", 0x7F, "NaN E4M3FN block scale"),
+    ("f8.weight", 0x8000, "not a valid BF16 row scale"),  # BF16 -0
+    ("f8.weight", 0x7FC0, "not a valid BF16 row scale"),  # NaN
+    ("f8.weight", 0x7F80, "not a valid BF16 row scale"),  # +inf
+]
+
+
+@pytest.mark.parametrize(("tensor", "word", "message"), BAD_SCALES,
+                         ids=[f"{t}:{w:#x}" for t, w, _ in BAD_SCALES])  # fmt: skip
+def test_invalid_scale_words(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path, tensor: str, word: int, message: str
+) -> None:
+    with open_artifact(synthetic[2]) as a:
+        t = a.read(tensor)
+    scales = t.scales.copy()  # type: ignore[union-attr]
+    scales.reshape(-1)[1] = word
+    if isinstance(t, GroupedCodes):
+        bad: object = GroupedCodes(t.codes, scales)
+    elif isinstance(t, NVFP4Words):
+        bad = NVFP4Words(t.codes, scales, t.divisor)
+    else:
+        assert isinstance(t, FP8RowWords)
+        bad = FP8RowWords(t.codes, scales)
+    art = rewrite_artifact(synthetic[2], tmp_path / "a", {tensor: bad})  # type: ignore[dict-item]
+    report = run(art, use_recorded_source=False)
+    assert report.exit_code == 6
+    assert set(failed(report)) == {"values"}  # digests, structure and padding are valid
+    [finding] = report.check("values").findings
+    assert finding.tensor == tensor and finding.error == "ValueInvariantError"
+    assert message in finding.message and "1 such word" in finding.message
+
+
+def test_nvfp4_divisor_must_be_finite_and_positive(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    with open_artifact(synthetic[2]) as a:
+        t = a.read("nv.weight")
+    assert isinstance(t, NVFP4Words)
+    art = rewrite_artifact(synthetic[2], tmp_path / "a",
+                           {"nv.weight": NVFP4Words(t.codes, t.scales, 0xBF800000)})  # fmt: skip
+    report = run(art, use_recorded_source=False)
+    assert "d_w word 0xbf800000 must be finite and strictly positive" in failed(report)["values"][0]
+
+
+def test_w8_code_minus_128_and_zero_scale_with_codes(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    with open_artifact(synthetic[2]) as a:
+        w8 = a.read("w8.weight")
+        q4 = a.read("attn.x.weight")
+    assert isinstance(w8, GroupedCodes) and isinstance(q4, GroupedCodes)
+    codes = w8.codes.copy()
+    codes[2, 5] = -128
+    scales = q4.scales.copy()
+    scales[3, 1] = 0x0000  # +0 over a group that still holds non-zero codes
+    art = rewrite_artifact(
+        synthetic[2],
+        tmp_path / "a",
+        {
+            "w8.weight": GroupedCodes(codes, w8.scales),
+            "attn.x.weight": GroupedCodes(q4.codes, scales),
+        },
+    )
+    report = run(art)
+    assert report.exit_code == 6
+    values = {f.tensor: f.message for f in report.check("values").findings}
+    assert (
+        "row 2, column 5 (group 0): word 0x80 is outside the legal code interval [-127, 127]"
+        in (values["w8.weight"])
+    )
+    assert (
+        "row 3, group 1: word 0x0000 is a +0 scale over non-zero codes" in values["attn.x.weight"]
+    )
+    # All findings are reported, the source comparison locates both changes too.
+    words = {f.tensor: f.mismatch for f in report.check("source-words").findings}
+    assert words["w8.weight"] is not None and words["w8.weight"].found == -128
+    assert words["attn.x.weight"] is not None and words["attn.x.weight"].plane == "scales"
+    assert (words["attn.x.weight"].row, words["attn.x.weight"].group) == (3, 1)
+
+
+def test_direct_division_encoder_is_caught_by_the_source_comparison(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    src, _, artifact = synthetic
+    from ninfer_convert.source import open_source
+
+    words = open_source(src).read("div.weight").words
+    values = np.ascontiguousarray(words).view(np.float32)
+    wrong = encode_by_division(values, "Q4G64_F16S")
+    with open_artifact(artifact) as a:
+        right = a.read("div.weight")
+    assert isinstance(right, GroupedCodes)
+    assert np.array_equal(wrong.scales, right.scales)  # same scales, some codes differ
+    assert not np.array_equal(wrong.codes, right.codes)
+    art = rewrite_artifact(artifact, tmp_path / "a", {"div.weight": wrong})
+    report = run(art, oracle_groups=8)
+    f = failed(report)
+    assert set(f) <= {"source-words", "oracle-sample"} and "source-words" in f
+    assert report.exit_code == 6
+    m = report.first_mismatch
+    assert m is not None and m.tensor == "div.weight" and m.plane == "codes"
+    diff = np.argwhere(wrong.codes != right.codes)[0]
+    assert (m.row, m.column) == tuple(int(i) for i in diff)
+    assert (m.expected, m.found) == (int(right.codes[m.row, m.column]),
+                                     int(wrong.codes[m.row, m.column]))  # fmt: skip
+    # Both rows hold a boundary case, and the oracle sample includes the last group.
+    assert any(x.tensor == "div.weight" for x in report.check("oracle-sample").findings)
+
+
+# ---------------------------------------------------------------------------------------------
+# The source
+
+
+def test_source_changed_after_conversion(tmp_path: Path) -> None:
+    src, recipe = write_all_formats_source(tmp_path / "src", seed=3)
+    art = tmp_path / "art"
+    convert_checkpoint(src, recipe, art, device="cpu", alignment=64)
+    from ninfer_convert.source import open_source
+
+    info = open_source(src).tensors["emb.weight"]
+    flip_byte(src / info.file, info.offset + 10, 0x01)
+    report = run(art)
+    assert report.exit_code == 4
+    assert set(failed(report)) == {"source-identity"}
+    [msg] = failed(report)["source-identity"]
+    assert "source tensor 'emb.weight' changed since conversion" in msg
+    assert "not compared" in msg
+    assert report.check("source-words").tensors == report.tensors - 1
+
+
+def test_a_different_source_is_not_the_recorded_one(
+    synthetic: tuple[Path, Path, Path], examples: dict[str, Path]
+) -> None:
+    report = run(examples["bf16"], source=synthetic[0])
+    assert report.exit_code == 4
+    assert "is not the recorded one" in failed(report)["source-identity"][0]
+    assert report.source.origin == "argument" and not report.source.compared
+
+
+def test_missing_recorded_source_skips_with_a_reason(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    src, recipe = write_all_formats_source(tmp_path / "src")
+    art = tmp_path / "art"
+    convert_checkpoint(src, recipe, art, device="cpu", alignment=64)
+    shutil.rmtree(src)
+    report = run(art)
+    assert report.passed and report.exit_code == 0
+    assert "does not exist here" in report.check("source-words").note
+    # Given explicitly (an equal copy elsewhere), the comparison runs.
+    report2 = run(art, source=synthetic[0])
+    assert report2.passed and report2.source.compared
+
+
+# ---------------------------------------------------------------------------------------------
+# Usage errors
+
+
+def test_usage_errors(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such file"):
+        verify_artifact(tmp_path / "nope")
+    st = synthetic[0] / "model.safetensors"
+    with pytest.raises(UsageError, match=r"not a \.ninfer artifact"):
+        verify_artifact(st)
+    with pytest.raises(UsageError, match=r"not a \.ninfer artifact"):
+        verify_artifact(synthetic[0])  # a directory without an artifact
+    with pytest.raises(UsageError, match="no such source"):
+        verify_artifact(synthetic[2], source=tmp_path / "nope")
+    with pytest.raises(UsageError, match="jobs"):
+        verify_artifact(synthetic[2], jobs=0)
