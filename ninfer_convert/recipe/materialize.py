@@ -305,7 +305,8 @@ def _exact_reciprocal(entry: PlanEntry, name: str, word: int) -> int:
             "the source weight_scale_2 is invalid",
         )
     exact = 1 / Fraction(value)
-    recip = np.float32(float(exact))  # float() rounds correctly; then checked for exactness
+    with np.errstate(over="ignore"):  # overflow to inf is caught by the exactness check
+        recip = np.float32(float(exact))  # float() rounds correctly; then checked exactly
     if not np.isfinite(recip) or Fraction(float(recip)) != exact:
         raise _refuse(
             entry,
