@@ -81,6 +81,8 @@ def plan_problems(body: str, src: SourceCheckpoint) -> list[tuple[int | None, st
 
 
 def _ct_checkpoint(root: Path, preset: str, fmt: str, dtype: torch.dtype) -> Path:
+    pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -140,6 +142,7 @@ def ct_nvfp4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.mark.interop
 def test_compressed_tensors_nvfp4_copy(ct_nvfp4: Path) -> None:
     from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 
@@ -201,6 +204,7 @@ def ct_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.mark.interop
 def test_compressed_tensors_fp8_channel_copy(ct_fp8: Path) -> None:
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
@@ -237,6 +241,7 @@ def test_compressed_tensors_fp8_channel_copy(ct_fp8: Path) -> None:
         )
 
 
+@pytest.mark.interop
 def test_compressed_tensors_fp8_from_f32_model_refuses_inexact_scales(tmp_path: Path) -> None:
     root = _ct_checkpoint(tmp_path / "fp8f32", "FP8_DYNAMIC", "float-quantized", torch.float32)
     src = open_source(root)

@@ -562,6 +562,7 @@ def test_conversion_lists_pick_by_dtype(tmp_path: Path) -> None:
 
 
 def _hf_model(root: Path, arch: str, tie: bool) -> SourceCheckpoint:
+    pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
@@ -582,6 +583,7 @@ def _hf_model(root: Path, arch: str, tie: bool) -> SourceCheckpoint:
     return open_source(root)
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize(("arch", "tie"), [("llama", False), ("qwen3", True)])
 def test_generic_recipe_on_transformers_checkpoints(tmp_path: Path, arch: str, tie: bool) -> None:
     src = _hf_model(tmp_path / arch, arch, tie)
@@ -601,6 +603,7 @@ def test_generic_recipe_on_transformers_checkpoints(tmp_path: Path, arch: str, t
     assert all(e.conversion in (None, "bf16-to-f32") for e in plan.entries)
 
 
+@pytest.mark.interop
 def test_docs_example_recipe_plans(tmp_path: Path) -> None:
     """The complete example in docs/recipes.md must stay valid."""
     doc = (REPO / "docs" / "recipes.md").read_text(encoding="utf-8")

@@ -161,7 +161,9 @@ def test_missing_path_and_wrong_suffix(tmp_path: Path) -> None:
         open_source(other)
 
 
+@pytest.mark.interop
 def test_transformers_sharded_checkpoint(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
