@@ -512,6 +512,7 @@ def verify_artifact(
         "device": device,
         "oracle_groups": oracle_groups,
         "seed": seed,
+        "device_used": None,
     }
 
     def emit(phase: str, done: int, total: int, item: str | None = None) -> None:
