@@ -526,3 +526,20 @@ def test_usage_errors(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> Non
         verify_artifact(synthetic[2], source=tmp_path / "nope")
     with pytest.raises(UsageError, match="jobs"):
         verify_artifact(synthetic[2], jobs=0)
+
+
+@pytest.mark.interop
+def test_compressed_tensors_fp8_checkpoint_passes(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    from verify_fixtures import write_ct_fp8_source
+
+    src, recipe = write_ct_fp8_source(tmp_path / "ct-fp8")
+    out = tmp_path / "art"
+    convert_checkpoint(src, recipe, out, device="cpu", alignment=64)
+    report = run(out)
+    assert report.passed, failed(report)
+    with open_artifact(out) as art:
+        formats = [i.format for i in art.tensors.values()]
+    assert formats.count("FP8_E4M3FN_ROW_BF16S") == 14  # 7 linears x 2 layers
+    assert report.check("source-words").tensors == report.tensors

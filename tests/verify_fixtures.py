@@ -265,3 +265,76 @@ def encode_by_division(values: np.ndarray, fmt_name: str) -> GroupedCodes:
             q = np.rint(np.divide(x, s32, dtype=np.float32))
             codes[r, j * g : (j + 1) * g] = np.clip(q, fmt.qmin, fmt.qmax).astype(np.int8)
     return GroupedCodes(codes, scales)
+
+
+CT_FP8_RECIPE = """\
+ninfer_recipe: 1
+name: llama-fp8-channel
+version: "1"
+source:
+  model_type: llama
+evidence:
+  - id: test
+    citation: test fixture
+    summary: not a quality claim
+rules:
+  - match: 're:model\\.layers\\.\\d+\\..*_proj\\.weight'
+    copy: compressed-tensors-fp8-channel
+    format: FP8_E4M3FN_ROW_BF16S
+    role: linear
+    evidence: test
+  - match: 're:.*norm\\.weight'
+    format: FP32
+    conversion: bf16-to-f32
+    role: norm
+  - match: '*'
+    format: W8G32_F16S
+    encoder_profile: MAXABS_F16_RECIP_RNE_V1
+    role: other
+    evidence: test
+"""
+
+
+def write_ct_fp8_source(root: Path) -> tuple[Path, Path]:
+    """A tiny transformers Llama quantized by compressed-tensors' own FP8_DYNAMIC lifecycle
+    (channel-wise E4M3FN weights with BF16 [N, 1] multipliers, ``float-quantized``), saved with
+    ``save_pretrained`` in shards.  Returns (source dir, recipe path)."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(11)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    apply_quantization_config(
+        model,
+        QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+                           format="float-quantized"),
+    )  # fmt: skip
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is None:
+            continue
+        w = module.weight.detach().float()
+        with torch.no_grad():
+            scale, _ = calculate_qparams(
+                w.amin(-1, keepdim=True), w.amax(-1, keepdim=True),
+                module.quantization_scheme.weights,
+            )  # fmt: skip
+            module.weight_scale.copy_(scale)
+        module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(root, max_shard_size="40KB")
+    compressor.update_config(str(root))
+    recipe = root.parent / f"{root.name}-recipe.yaml"
+    recipe.write_text(CT_FP8_RECIPE)
+    return root, recipe
