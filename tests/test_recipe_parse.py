@@ -158,7 +158,9 @@ def test_every_recipe_problem_reported_together_with_lines() -> None:
     err = info.value
     assert isinstance(err, RecipeError) and err.exit_code == 3
     assert len(err.problems) == len(expect)
-    assert str(err).startswith(f"x.yaml: {len(expect)} problems in the recipe:")
+    assert str(err).startswith(
+        f"x.yaml: {len(expect)} problems in the recipe (nothing was converted):"
+    )
     assert f"line {base + 2}: rule 1 (match): unknown numeric format" in str(err)
 
 

@@ -53,9 +53,9 @@ class RecipeProblems(RecipeError):
         if n > _MAX_SHOWN:
             shown.append(f"... and {n - _MAX_SHOWN} more")
         super().__init__(
-            f"{n} problem{'s' if n != 1 else ''} {stage}:\n  " + "\n  ".join(shown),
+            f"{n} problem{'s' if n != 1 else ''} {stage} (nothing was converted):\n  "
+            + "\n  ".join(shown),
             path=path,
-            hint="nothing was converted; fix the recipe (see docs/recipes.md)",
         )
 
 
@@ -136,7 +136,8 @@ class Rule:
         return self.pattern.text if self.pattern is not None else ""
 
     def describe(self) -> str:
-        return f"rule {self.index + 1} ({self.kind} {self.pattern_text!r})"
+        # Quoted as written (no repr escaping), so a regex reads as it does in the file.
+        return f"rule {self.index + 1} ({self.kind} '{self.pattern_text}')"
 
 
 @dataclass(frozen=True)
