@@ -7,6 +7,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer_convert.errors import RecipeError
 from ninfer_convert.recipe import (
@@ -381,3 +383,21 @@ def test_templates() -> None:
     assert compile_template("a.[x].{L}").match("a.[x].2") == {"L": "2"}  # literal text is literal
     same = compile_template("{L}.{L}")
     assert same.match("1.1") == {"L": "1"} and same.match("1.2") is None
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_fuzzed_recipes_never_crash(data: st.DataObject) -> None:
+    """Mutated recipes give problems (or a recipe), never an unexpected exception."""
+    text = list((REPO / "recipes" / "generic-dense.yaml").read_text(encoding="utf-8"))
+    alphabet = st.sampled_from([*" :-'\"[]{}\n#*&!|>\\0aZ\t%@`,?", "\u00e9", "\x00", "\x85"])
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = data.draw(st.integers(0, len(text) - 1))
+        if data.draw(st.booleans()):
+            text[i] = data.draw(alphabet)
+        else:
+            del text[i]
+    recipe, found = parse_recipe("".join(text))
+    assert recipe is not None or found
+    for p in found:
+        assert isinstance(p.message, str) and (p.line is None or p.line >= 1)

@@ -67,15 +67,22 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load_nodes(text: str) -> tuple[YNode, list[YamlProblem]]:
     """Parse ``text`` (one document) into line-annotated nodes plus recoverable problems."""
-    loader = _StrictLoader(text)
     problems: list[YamlProblem] = []
+    try:
+        loader = _StrictLoader(text)  # the reader checks characters here
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise YamlProblem(line, f"YAML: character {exc.character!r} is not allowed") from exc
     try:
         try:
             root = loader.get_single_node()
+        except yaml.reader.ReaderError as exc:
+            line = text.count("\n", 0, exc.position) + 1
+            raise YamlProblem(line, f"YAML: character {exc.character!r} is not allowed") from exc
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            raise YamlProblem(line, f"YAML syntax: {exc.problem or exc}") from exc
+            where = mark.line + 1 if mark is not None else None
+            raise YamlProblem(where, f"YAML syntax: {exc.problem or exc}") from exc
         except yaml.YAMLError as exc:
             raise YamlProblem(None, f"YAML: {exc}") from exc
         if root is None:
@@ -117,7 +124,11 @@ def _convert(loader: _StrictLoader, node: yaml.Node, problems: list[YamlProblem]
     if isinstance(node, yaml.SequenceNode):
         items = [_convert(loader, item, problems) for item in node.value]
         return YNode([i for i in items if i is not None], line)
-    scalar = loader.construct_object(node, deep=True)
+    try:
+        scalar = loader.construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        problems.append(YamlProblem(line, f"invalid YAML value {node.value!r}: {exc}"))
+        return None
     if not isinstance(scalar, (str, int, float, bool)) and scalar is not None:
         problems.append(YamlProblem(line, f"unsupported YAML value {node.value!r}"))
         return None
