@@ -36,8 +36,8 @@ import numpy.typing as npt
 import xxhash
 
 from ..errors import SourceError
-from .hf_cache import looks_like_repo_id, resolve_cached_repo
 from .header import DTYPES, SafetensorsHeader, loads_strict_json, parse_header
+from .hf_cache import looks_like_repo_id, resolve_cached_repo
 
 __all__ = [
     "INDEX_NAME",
