@@ -76,6 +76,8 @@ DEFAULT_ORACLE_GROUPS = 16
 """Groups per grouped tensor re-encoded with the oracle (about 4 ms each for G = 64)."""
 DEFAULT_SEED = 0x5EED
 """Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
+_MIN_INFLIGHT_BYTES = 256 << 20
+"""Bytes in flight below which jobs never wait for each other (convert's budget rule)."""
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -630,6 +632,28 @@ def verify_artifact(
     )
 
 
+class _ByteBudget:
+    """Admit work while the bytes in flight stay within ``budget``; one item larger than the
+    budget runs alone (the same rule as convert's pipeline, so peak memory follows the largest
+    tensor, not the number of jobs times the largest tensor)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.inflight = 0
+        self.cond = threading.Condition()
+
+    def acquire(self, cost: int) -> None:
+        with self.cond:
+            while self.inflight and self.inflight + cost > self.budget:
+                self.cond.wait()
+            self.inflight += cost
+
+    def release(self, cost: int) -> None:
+        with self.cond:
+            self.inflight -= cost
+            self.cond.notify_all()
+
+
 def _run_tensors(
     art: Artifact,
     names: list[str],
@@ -642,9 +666,21 @@ def _run_tensors(
     lock = threading.Lock()
     emit("tensors", 0, total, None)
 
+    def cost(name: str) -> int:
+        # Convert's measure (source bytes) when re-deriving, else the stored bytes.
+        entry = ctx.entries.get(name) if ctx is not None else None
+        return entry.source_bytes if entry is not None else art.tensors[name].nbytes
+
+    costs = {n: cost(n) for n in names}
+    budget = _ByteBudget(max(max(costs.values(), default=0), _MIN_INFLIGHT_BYTES))
+
     def work(name: str) -> _TensorOutcome:
         nonlocal done
-        result = _check_tensor(art, name, ctx)
+        budget.acquire(costs[name])
+        try:
+            result = _check_tensor(art, name, ctx)
+        finally:
+            budget.release(costs[name])
         with lock:
             done += 1
             count = done
