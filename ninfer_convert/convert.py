@@ -43,7 +43,7 @@ from .errors import EncodeError, UsageError
 from .formats import lookup_format
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
-from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, load_recipe, materialize
+from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
 from .source import SourceCheckpoint, open_source
 from .validate import validate_logical
 
@@ -150,8 +150,8 @@ def plan_conversion(
 ) -> tuple[SourceCheckpoint, Plan]:
     """Open the source and plan it against the recipe (metadata only)."""
     src = source if isinstance(source, SourceCheckpoint) else open_source(source)
-    rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    return src, build_plan(rec, src, check_identity=check_identity)
+    # Given a path, build_plan reports recipe-file and against-source problems together.
+    return src, build_plan(recipe, src, check_identity=check_identity)
 
 
 def derive_logical(
