@@ -486,6 +486,24 @@ def test_source_changed_after_conversion(tmp_path: Path) -> None:
     assert report.check("source-words").tensors == report.tensors - 1
 
 
+def test_source_changed_so_that_it_cannot_be_re_derived(tmp_path: Path) -> None:
+    """A NaN now in a grouped tensor's source: re-deriving fails, the digest says why."""
+    src, recipe = write_all_formats_source(tmp_path / "src", seed=5)
+    art = tmp_path / "art"
+    convert_checkpoint(src, recipe, art, device="cpu", alignment=64)
+    from ninfer_convert.source import open_source
+
+    info = open_source(src).tensors["mlp.up.weight"]  # F32
+    path = src / info.file
+    data = bytearray(path.read_bytes())
+    data[info.offset : info.offset + 4] = np.array([np.nan], dtype=np.float32).tobytes()
+    path.write_bytes(bytes(data))
+    report = run(art)
+    assert report.exit_code == 4
+    assert set(failed(report)) == {"source-identity"}
+    assert "'mlp.up.weight' changed since conversion" in failed(report)["source-identity"][0]
+
+
 def test_a_different_source_is_not_the_recorded_one(
     synthetic: tuple[Path, Path, Path], examples: dict[str, Path]
 ) -> None:
