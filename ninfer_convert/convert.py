@@ -41,6 +41,7 @@ from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
 from .formats import lookup_format
+from .fused import encode_pack_grouped
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
@@ -253,14 +254,25 @@ def _metadata(
 
 @dataclass
 class _Packed:
-    derived: DerivedTensor
     planes: list[npt.NDArray[np.uint8]]
+    source_digests: dict[str, str]
     spot_rows: int
 
 
 def _derive_and_pack(
     entry: PlanEntry, source: SourceCheckpoint, device: str, threads: int, seed: int
 ) -> _Packed:
+    fmt = lookup_format(entry.format)
+    if fmt.is_grouped and device == "cpu":
+        # Host fast path: encode and pack row blocks in cache (same bytes as derive + pack).
+        m = materialize(entry, source)
+        if not isinstance(m.value, EncodeInput):  # pragma: no cover - plan invariant
+            raise EncodeError("grouped entry without encoder input", tensor=entry.output)
+        planes = encode_pack_grouped(
+            m.value.words, m.value.source_dtype, entry.format, tensor=entry.output,
+            threads=threads,
+        )  # fmt: skip
+        return _Packed(planes, dict(m.source_digests), 0)
     derived = derive_logical(entry, source, device=device, threads=threads)
     spot = 0
     if derived.device == "cuda" and derived.encode_input is not None:
@@ -273,11 +285,9 @@ def _derive_and_pack(
             tensor=entry.output,
             seed=seed,
         )
-    layout = lookup_layout(lookup_format(entry.format).layout)
+    layout = lookup_layout(fmt.layout)
     planes = [np.asarray(p) for p in layout.pack(entry.format, derived.logical)]
-    # Keep only what the writer and the report need: the encode input may be a large copy.
-    slim = DerivedTensor(entry, derived.logical, None, derived.source_digests, derived.device)
-    return _Packed(slim, planes, spot)
+    return _Packed(planes, dict(derived.source_digests), spot)
 
 
 def _bounded(
@@ -369,7 +379,7 @@ def convert_checkpoint(
                         provenance=provenance_of(entry),
                     )
                     written += info.nbytes
-                    digests.update(packed.derived.source_digests)
+                    digests.update(packed.source_digests)
                     spot_rows += packed.spot_rows
                     done += 1
                     done_bytes += entry.source_bytes

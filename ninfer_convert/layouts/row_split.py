@@ -75,13 +75,21 @@ def _pack_fields(field: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uin
         return field
     if width == 1:  # numpy's bit packer, least significant bit first, is the same order
         return np.packbits(field, axis=-1, bitorder="little")
-    per = 8 // width
-    rows, kp = field.shape
-    grouped = field.reshape(rows, kp // per, per)
-    out = np.zeros((rows, kp // per), dtype=np.uint8)
-    for i in range(per):  # at most 8 vectorised passes, never a per-element loop
-        out |= grouped[:, :, i] << np.uint8(i * width)
-    return out
+    if width == 4:
+        # Read each pair of fields as one little-endian u16 v = f0 | f1 << 8; then
+        # (v | v >> 4) has f0 in bits 0-3 and f1 in bits 4-7 (f0 < 16, so v >> 4 only brings
+        # f1 down), and the cast to u8 keeps exactly that byte.  Three contiguous passes.
+        v = np.ascontiguousarray(field).view("<u2")
+        return (v | (v >> np.uint16(4))).astype(np.uint8)
+    if width == 2:
+        # Same trick on four fields per little-endian u32: f_i sits at bit 8i and moves to
+        # bit 2i with a right shift of 6i.
+        v = np.ascontiguousarray(field).view("<u4")
+        out = v | (v >> np.uint32(6))
+        out |= v >> np.uint32(12)
+        out |= v >> np.uint32(18)
+        return out.astype(np.uint8)
+    raise RuntimeError(f"no packer for {width}-bit fields")  # pragma: no cover
 
 
 def _unpack_fields(packed: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
@@ -153,11 +161,17 @@ class RowSplitK128(Layout):
         kp = _padded_k(k)
         mask = np.uint8((1 << bits) - 1)
         # u = q mod 2^b: the two's-complement byte masked to b bits (spec Section 5).
-        words = np.zeros((n, kp), dtype=np.uint8)
-        words[:, :k] = codes.view(np.uint8) & mask
+        if k == kp:
+            words = np.bitwise_and(codes.view(np.uint8), mask)
+        else:
+            words = np.zeros((n, kp), dtype=np.uint8)
+            words[:, :k] = codes.view(np.uint8) & mask
         out = []
         for _, shift, width in _PLANE_FIELDS[bits]:
-            field = (words >> np.uint8(shift)) & np.uint8((1 << width) - 1)
+            if shift == 0 and width == bits:
+                field = words  # already masked to the code width
+            else:
+                field = (words >> np.uint8(shift)) & np.uint8((1 << width) - 1)
             out.append(np.ascontiguousarray(_pack_fields(field, width)).reshape(-1))
         padded_scales = np.zeros((n, kp // group), dtype="<u2")
         padded_scales[:, : scales.shape[1]] = scales
