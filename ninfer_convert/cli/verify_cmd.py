@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -121,10 +122,11 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
     findings = report.findings
     if findings:
         ft = Table(title=f"Findings ({len(findings)})")
-        for col in ("check", "error", "tensor", "message"):
+        for col in ("check", "error", "tensor / file", "message"):
             ft.add_column(col, overflow="fold")
         for f in findings[:max_findings]:
-            ft.add_row(f.check, f.error, escape(f.tensor or "-"), escape(f.message))
+            where = f.tensor or (Path(f.path).name if f.path else "-")
+            ft.add_row(f.check, f.error, escape(where), escape(f.message))
         console.print(ft)
         if len(findings) > max_findings:
             console.print(
@@ -152,15 +154,19 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
 
     rate = human_bytes(int(report.bytes_per_second))
     if report.passed:
-        result = "[bold green]PASS[/]"
+        skipped = [c.name for c in report.checks if c.status == "skipped"]
+        what = (
+            f"every check that ran passed ({len(skipped)} skipped)"
+            if skipped
+            else "every check passed"
+        )
         console.print(
-            f"{result}: every check passed ({report.tensors} tensors, "
+            f"[bold green]PASS[/]: {what} ({report.tensors} tensors, "
             f"{human_bytes(report.bytes)} in {report.seconds:.2f} s, {rate}/s)"
         )
     else:
-        result = "[bold red]FAIL[/]"
         console.print(
-            f"{result}: {len(findings)} finding(s); exit code {report.exit_code} "
+            f"[bold red]FAIL[/]: {len(findings)} finding(s); exit code {report.exit_code} "
             f"({report.seconds:.2f} s)"
         )
 
