@@ -45,7 +45,7 @@ def test_summary_reads_only_the_header(artifact: Path) -> None:
     assert report.total_bytes == report.plane_bytes + report.header_bytes + report.gap_bytes + 48
     assert report.producer["name"] == "ninfer-convert"
     assert report.recipe["name"] == "every-format-test"
-    assert report.source["tensor_count"] == 20 and report.source["model_type"] == "test"
+    assert report.source["tensor_count"] == 21 and report.source["model_type"] == "test"
 
 
 def test_bits_per_weight_are_exact(artifact: Path) -> None:

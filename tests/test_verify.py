@@ -504,6 +504,21 @@ def test_source_changed_so_that_it_cannot_be_re_derived(tmp_path: Path) -> None:
     assert "'mlp.up.weight' changed since conversion" in failed(report)["source-identity"][0]
 
 
+def test_a_changed_skipped_source_tensor_is_reported(tmp_path: Path) -> None:
+    src, recipe = write_all_formats_source(tmp_path / "src", seed=4)
+    art = tmp_path / "art"
+    convert_checkpoint(src, recipe, art, device="cpu", alignment=64)
+    from ninfer_convert.source import open_source
+
+    info = open_source(src).tensors["rope.inv_freq"]
+    flip_byte(src / info.file, info.offset + 1)
+    report = run(art, oracle_groups=0)
+    assert report.exit_code == 4
+    [msg] = failed(report)["source-identity"]
+    assert "source tensor 'rope.inv_freq' (not stored) changed since conversion" in msg
+    assert report.check("source-words").tensors == report.tensors  # everything else compared
+
+
 def test_a_different_source_is_not_the_recorded_one(
     synthetic: tuple[Path, Path, Path], examples: dict[str, Path]
 ) -> None:

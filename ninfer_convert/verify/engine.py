@@ -305,6 +305,33 @@ def _changed_sources(ctx: _SourceContext, entry: PlanEntry, out: _TensorOutcome)
     return _digest_findings(ctx, entry, digests, out)
 
 
+def _unused_source_digests(ctx: _SourceContext, art: Artifact) -> list[Finding]:
+    """Digests of recorded source tensors no compared entry read (skipped by the recipe, or
+    inputs of a tensor whose header disagreed with the recipe): they are part of the identity."""
+    read = {s.name for e in ctx.entries.values() for s in e.sources}
+    findings: list[Finding] = []
+    for name, was in ctx.recorded.items():
+        if name in read or name not in ctx.source.tensors:
+            continue  # read by an entry, or reported missing by the header check
+        try:
+            now = ctx.source.read(name).digest
+        except NinferError as exc:
+            findings.append(Finding.of("source-identity", SourceError(exc.message, path=exc.path)))
+            continue
+        if now != was:
+            findings.append(
+                Finding.of(
+                    "source-identity",
+                    SourceError(
+                        f"source tensor {name!r} (not stored) changed since conversion: "
+                        f"recorded digest {was}, now {now}",
+                        path=str(ctx.source.path),
+                    ),
+                )
+            )
+    return findings
+
+
 # ---------------------------------------------------------------------------------------------
 # Source preparation (header-only)
 
@@ -580,6 +607,8 @@ def verify_artifact(
 
         t0 = time.perf_counter()
         outcomes = _run_tensors(art, names, prepared.ctx, jobs, emit)
+        if prepared.ctx is not None:
+            prepared.identity += _unused_source_digests(prepared.ctx, art)
         timings["tensors"] = time.perf_counter() - t0
 
     values = [f for o in outcomes for f in o.values]
