@@ -559,6 +559,11 @@ def test_usage_errors(synthetic: tuple[Path, Path, Path], tmp_path: Path) -> Non
         verify_artifact(synthetic[2], source=tmp_path / "nope")
     with pytest.raises(UsageError, match="jobs"):
         verify_artifact(synthetic[2], jobs=0)
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="no CUDA device"):
+            verify_artifact(synthetic[2], device="cuda", use_recorded_source=False)
 
 
 @pytest.mark.interop

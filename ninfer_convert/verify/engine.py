@@ -530,6 +530,10 @@ def verify_artifact(
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
     path = check_artifact_path(artifact)
+    if device == "cuda":
+        from ..convert import resolve_device
+
+        resolve_device(device)  # a usage error without a GPU, before any check runs
     if source is not None and not _source_exists(os.fspath(source)):
         raise UsageError(
             "no such source file or directory",
