@@ -581,3 +581,30 @@ def test_compressed_tensors_fp8_checkpoint_passes(tmp_path: Path) -> None:
         formats = [i.format for i in art.tensors.values()]
     assert formats.count("FP8_E4M3FN_ROW_BF16S") == 14  # 7 linears x 2 layers
     assert report.check("source-words").tensors == report.tensors
+
+
+def test_statistics_widening_is_exact_for_every_bf16_word() -> None:
+    from ninfer_convert.encoder.common import to_f32
+    from ninfer_convert.verify.compare import _widen
+
+    words = np.arange(1 << 16, dtype=np.uint16)
+    assert np.array_equal(
+        _widen(words, "BF16").view(np.uint32), to_f32(words, "BF16").view(np.uint32)
+    )
+
+
+def test_error_statistics_against_a_binary64_reference() -> None:
+    from ninfer_convert.dequant import dequantize_grouped
+    from ninfer_convert.encoder import encode_grouped_words
+    from ninfer_convert.verify import error_stats
+
+    rng = np.random.default_rng(3)
+    for k in (128, 100):  # broadcast fast path, and the generic path with a partial group
+        x = rng.standard_normal((9, k)).astype(np.float32)
+        g = encode_grouped_words(x.view(np.uint32), "F32", "Q5G64_F16S")
+        e = x.astype(np.float64) - dequantize_grouped(g.codes, g.scales, "Q5G64_F16S")
+        s = error_stats(FORMATS["Q5G64_F16S"], "t", x.view(np.uint32), "F32", g)
+        assert s.max_abs_error == pytest.approx(np.abs(e).max(), rel=1e-6)
+        assert s.rms_error == pytest.approx(np.sqrt((e * e).mean()), rel=1e-5)
+        ref = 10 * np.log10((x.astype(np.float64) ** 2).sum() / (e * e).sum())
+        assert s.sqnr_db == pytest.approx(ref, abs=1e-4)

@@ -23,9 +23,13 @@ Contract of :func:`verify_artifact`:
   that source.  A tensor whose source digest differs from the recorded one is reported under
   ``source-identity`` (exit 4) and is not compared word by word.
 * Memory: the per-tensor checks run on a pool of ``jobs`` threads, each holding one tensor
-  (its stored logical words, its re-derivation and its source values) at a time; numpy, xxhash
-  and the encoders release the GIL.  Results are deterministic: findings are ordered by check,
-  then by stored tensor order, whatever the scheduling.
+  (its re-derivation, its packed planes, its source words) at a time, with convert's rule for
+  bytes in flight (at most the largest tensor's source bytes, or 256 MiB when that is larger;
+  a larger tensor runs alone); numpy, xxhash and the encoders release the GIL.  A re-derived
+  tensor is packed with its layout and compared with the stored planes byte for byte; only a
+  tensor that differs is decoded by the reader and compared word by word.  Results are
+  deterministic: findings are ordered by check, then by stored tensor order, whatever the
+  scheduling.
 * ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
   from the workers; it must be thread-safe and cheap.
 """
@@ -42,10 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from ..container import Artifact, open_artifact
 from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
 from ..errors import ArtifactError, NinferError, SourceError, UsageError
 from ..formats import MAXABS_F16_RECIP_RNE_V1, Category, lookup_format
+from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
 from ..validate import logical_problems
 from .compare import compare_logical, error_stats, oracle_sample
@@ -170,31 +178,60 @@ class _SourceContext:
     seed: int
 
 
+def _stored_equals(art: Artifact, name: str, planes: list[npt.NDArray[np.uint8]]) -> bool:
+    """True when every stored plane of ``name`` equals ``planes`` byte for byte."""
+    info = art.tensors[name]
+    for plane, packed in zip(info.planes, planes, strict=True):
+        view = art.plane_buffer(name, plane.name)
+        try:
+            stored = np.frombuffer(view, dtype=np.uint8)
+            same = stored.size == packed.size and bool(np.array_equal(stored, packed))
+            del stored
+        finally:
+            view.release()
+        if not same:
+            return False
+    return True
+
+
+def _read_and_check_values(art: Artifact, name: str, out: _TensorOutcome) -> LogicalTensor | None:
+    info = art.tensors[name]
+    try:
+        found = art.read(name)
+    except NinferError as exc:
+        out.values.append(
+            Finding.of("values", ArtifactError(f"cannot decode: {exc.message}",
+                                               path=str(info.file), tensor=name))
+        )  # fmt: skip
+        return None
+    out.values += [Finding.of("values", p) for p in logical_problems(info.format, found, name)]
+    return found
+
+
 def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _TensorOutcome:
+    """All per-tensor checks of one tensor (values, and against the source when ``ctx``).
+
+    With a source, the tensor is re-derived first and packed with its registered layout; when
+    the packed planes equal the stored planes byte for byte, the stored logical words are the
+    re-derived ones, which :func:`~ninfer_convert.convert.derive_logical` has already validated
+    (so the value check holds) and nothing needs decoding.  Otherwise the stored tensor is
+    decoded by the reader, value-checked, and compared word by word to locate every
+    difference.  Without a source (or when re-deriving fails) it is decoded and value-checked.
+    """
     info = art.tensors[name]
     fmt = lookup_format(info.format)
     out = _TensorOutcome(name)
     where = str(info.file)
-    try:
-        found: LogicalTensor | None = art.read(name)
-    except NinferError as exc:
-        out.values.append(
-            Finding.of("values", ArtifactError(f"cannot decode: {exc.message}", path=where,
-                                               tensor=name))
-        )  # fmt: skip
-        found = None
-    if found is not None:
-        out.values += [Finding.of("values", p) for p in logical_problems(fmt, found, name)]
-    if ctx is None or found is None:
+    entry = ctx.entries.get(name) if ctx is not None else None
+    if ctx is None or entry is None:  # no source, or reported once by the inventory check
+        _read_and_check_values(art, name, out)
         return out
-    entry = ctx.entries.get(name)
-    if entry is None:
-        return out  # reported once by the inventory check
     from ..convert import derive_logical  # the one derivation convert uses
 
     try:
         derived = derive_logical(entry, ctx.source, device=ctx.device, threads=ctx.threads)
     except NinferError as exc:
+        _read_and_check_values(art, name, out)
         changed = _changed_sources(ctx, entry, out)
         if not changed:
             out.words.append(
@@ -209,20 +246,30 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
             )
         return out
     if _digest_findings(ctx, entry, dict(derived.source_digests), out):
+        _read_and_check_values(art, name, out)
         return out
     out.compared = True
-    for m in compare_logical(fmt, name, derived.logical, found):
-        out.words.append(
-            Finding(
-                check="source-words",
-                error="ArtifactError",
-                exit_code=ArtifactError.exit_code,
-                message=f"differs from its re-derivation from the source: {m.describe()}",
-                path=where,
-                tensor=name,
-                mismatch=m,
+    packed = [np.asarray(p) for p in LAYOUTS[info.layout].pack(info.format, derived.logical)]
+    found: LogicalTensor | None
+    if _stored_equals(art, name, packed):
+        found = derived.logical
+    else:
+        found = _read_and_check_values(art, name, out)
+        if found is None:
+            return out
+        for m in compare_logical(fmt, name, derived.logical, found):
+            out.words.append(
+                Finding(
+                    check="source-words",
+                    error="ArtifactError",
+                    exit_code=ArtifactError.exit_code,
+                    message=f"differs from its re-derivation from the source: {m.describe()}",
+                    path=where,
+                    tensor=name,
+                    mismatch=m,
+                )
             )
-        )
+    del packed
     enc = derived.encode_input
     if enc is not None and tuple(enc.words.shape) != tuple(info.shape):
         enc = None  # not in the tensor's logical coordinates: no oracle, no statistics
