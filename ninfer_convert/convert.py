@@ -41,7 +41,7 @@ from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
 from .formats import lookup_format
-from .fused import encode_pack_grouped
+from .fused import BlockHook, encode_pack_grouped
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
@@ -51,9 +51,11 @@ from .validate import validate_logical
 __all__ = [
     "ConvertReport",
     "DerivedTensor",
+    "PackedTensor",
     "ProgressEvent",
     "convert_checkpoint",
     "derive_logical",
+    "derive_packed",
     "plan_conversion",
     "resolve_device",
 ]
@@ -252,27 +254,45 @@ def _metadata(
 # the streaming pipeline
 
 
-@dataclass
-class _Packed:
+@dataclass(frozen=True)
+class PackedTensor:
+    """The stored planes of one plan entry (what convert writes and verify compares)."""
+
+    entry: PlanEntry
     planes: list[npt.NDArray[np.uint8]]
     source_digests: dict[str, str]
-    spot_rows: int
+    logical: LogicalTensor | None
+    """The logical words, when the path built them (not on the fused host grouped path)."""
+    encode_input: EncodeInput | None
+    """The source words of a grouped tensor (a view of the memory-mapped source)."""
+    spot_rows: int = 0
 
 
-def _derive_and_pack(
-    entry: PlanEntry, source: SourceCheckpoint, device: str, threads: int, seed: int
-) -> _Packed:
+def derive_packed(
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    *,
+    device: str = "cpu",
+    threads: int = 2,
+    seed: int = 0,
+    on_block: BlockHook | None = None,
+) -> PackedTensor:
+    """Derive one plan entry and pack it with its registered layout.
+
+    Grouped tensors on the host take the fused row-block path (same bytes as
+    :func:`derive_logical` followed by ``pack``, proven by tests/test_fused.py); ``on_block``
+    sees each encoded block there.  On CUDA a sample of rows is re-encoded on the host.
+    """
     fmt = lookup_format(entry.format)
     if fmt.is_grouped and device == "cpu":
-        # Host fast path: encode and pack row blocks in cache (same bytes as derive + pack).
         m = materialize(entry, source)
         if not isinstance(m.value, EncodeInput):  # pragma: no cover - plan invariant
             raise EncodeError("grouped entry without encoder input", tensor=entry.output)
         planes = encode_pack_grouped(
             m.value.words, m.value.source_dtype, entry.format, tensor=entry.output,
-            threads=threads,
+            threads=threads, on_block=on_block,
         )  # fmt: skip
-        return _Packed(planes, dict(m.source_digests), 0)
+        return PackedTensor(entry, planes, dict(m.source_digests), None, m.value)
     derived = derive_logical(entry, source, device=device, threads=threads)
     spot = 0
     if derived.device == "cuda" and derived.encode_input is not None:
@@ -287,15 +307,19 @@ def _derive_and_pack(
         )
     layout = lookup_layout(fmt.layout)
     planes = [np.asarray(p) for p in layout.pack(entry.format, derived.logical)]
-    return _Packed(planes, dict(derived.source_digests), spot)
+    return PackedTensor(
+        entry, planes, dict(derived.source_digests), derived.logical, derived.encode_input, spot
+    )
 
 
 def _bounded(
-    entries: tuple[PlanEntry, ...], submit: Callable[[PlanEntry], Future[_Packed]], budget: int
-) -> Iterator[tuple[PlanEntry, Future[_Packed]]]:
+    entries: tuple[PlanEntry, ...],
+    submit: Callable[[PlanEntry], Future[PackedTensor]],
+    budget: int,
+) -> Iterator[tuple[PlanEntry, Future[PackedTensor]]]:
     """Yield (entry, future) in plan order, keeping in-flight source bytes within ``budget``
     (a single entry larger than the budget runs alone)."""
-    window: deque[tuple[PlanEntry, Future[_Packed]]] = deque()
+    window: deque[tuple[PlanEntry, Future[PackedTensor]]] = deque()
     inflight = 0
     it = iter(entries)
     pending: PlanEntry | None = next(it, None)
@@ -363,7 +387,7 @@ def convert_checkpoint(
         written = 0
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-encode") as pool:
 
-            def submit(entry: PlanEntry) -> Future[_Packed]:
+            def submit(entry: PlanEntry) -> Future[PackedTensor]:
                 seed = (entry.rule.index << 20) ^ done
                 return pool.submit(_guarded, cancel, entry, src, used_device, jobs, seed)
 
@@ -417,7 +441,7 @@ def _guarded(
     device: str,
     threads: int,
     seed: int,
-) -> _Packed:
+) -> PackedTensor:
     if cancel.is_set():
         raise EncodeError("conversion cancelled", tensor=entry.output)
-    return _derive_and_pack(entry, source, device, threads, seed)
+    return derive_packed(entry, source, device=device, threads=threads, seed=seed)

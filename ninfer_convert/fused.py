@@ -14,6 +14,7 @@ are checked per block on the codes and scales before they are packed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,7 +26,12 @@ from .layouts import lookup_layout
 from .logical import GroupedCodes
 from .validate import grouped_problems
 
-__all__ = ["encode_pack_grouped"]
+__all__ = ["BlockHook", "encode_pack_grouped"]
+
+BlockHook = Callable[
+    [int, int, npt.NDArray[np.generic], npt.NDArray[np.int8], npt.NDArray[np.uint16]], None
+]
+"""Called with (first row, end row, source words, codes, scales) of each encoded block."""
 
 
 def encode_pack_grouped(
@@ -36,7 +42,10 @@ def encode_pack_grouped(
     tensor: str | None = None,
     threads: int = 2,
     chunk_elements: int = CHUNK_ELEMENTS,
+    on_block: BlockHook | None = None,
 ) -> list[npt.NDArray[np.uint8]]:
+    """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales)``
+    (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
     fmt = grouped_format(fmt_name)
     check_words(words, source_dtype)
     assert fmt.group_size is not None
@@ -56,6 +65,8 @@ def encode_pack_grouped(
         problems = grouped_problems(fmt, codes, scales, tensor)
         if problems:  # pragma: no cover - the encoder cannot emit these; defence in depth
             raise problems[0]
+        if on_block is not None:
+            on_block(r0, r1, words[r0:r1], codes, scales)
         packed = layout.pack(fmt, GroupedCodes(codes=codes, scales=scales))
         for plane, stride, part in zip(planes, strides, packed, strict=True):
             plane[r0 * stride : r1 * stride] = part

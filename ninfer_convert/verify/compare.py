@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +32,7 @@ from ..logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVF
 from ..words import f16_to_f32_words
 from .report import Mismatch, TensorErrorStats
 
-__all__ = ["compare_logical", "error_stats", "oracle_sample", "sample_groups"]
+__all__ = ["BlockStats", "compare_logical", "error_stats", "oracle_sample", "sample_groups"]
 
 _STATS_BLOCK = 1 << 18
 """Elements per block of the error statistics (1 MiB of float32 per temporary: in cache)."""
@@ -184,9 +185,10 @@ def oracle_sample(
     tensor: str,
     source_words: npt.NDArray[np.generic],
     source_dtype: str,
-    found: GroupedCodes,
+    found: GroupedCodes | Callable[[list[int]], GroupedCodes],
     count: int,
     seed: int,
+    shape: tuple[int, int] | None = None,
 ) -> tuple[int, list[Mismatch]]:
     """Re-encode sampled groups with the Section 7 oracle; (groups checked, mismatches).
 
@@ -195,13 +197,26 @@ def oracle_sample(
 
     A group the oracle refuses (non-finite value, overflowing scale) is reported as a mismatch
     of plane 'scales' with expected text 'encoder refuses this group'.
+
+    ``found`` is the stored tensor, or a function returning the stored rows it is given (e.g.
+    ``Artifact.read_rows``) together with ``shape``, so only the sampled rows are decoded.
     """
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
-    n_rows, k = found.codes.shape
+    if isinstance(found, GroupedCodes):
+        n_rows, k = found.codes.shape
+    else:
+        assert shape is not None
+        n_rows, k = shape
     n_groups = -(-k // g)
     mismatches: list[Mismatch] = []
     picks = sample_groups(tensor, n_rows, n_groups, count, seed)
+    wanted = sorted({row for row, _ in picks})
+    if isinstance(found, GroupedCodes):
+        stored_rows = GroupedCodes(found.codes[wanted], found.scales[wanted])
+    else:
+        stored_rows = found(wanted)
+    position = {row: i for i, row in enumerate(wanted)}
     for row, group in picks:
         lo, hi = group * g, min(k, (group + 1) * g)
         x = to_f32(np.ascontiguousarray(source_words[row : row + 1, lo:hi]), source_dtype)
@@ -209,7 +224,7 @@ def oracle_sample(
         try:
             scale, codes = encode_group_oracle(x_words, fmt.qmin, fmt.qmax)
         except OracleFailure:
-            word = int(found.scales[row, group])
+            word = int(stored_rows.scales[position[row], group])
             mismatches.append(
                 Mismatch(
                     tensor, "scales", (row, group), row, group, None, -1, word,
@@ -217,7 +232,7 @@ def oracle_sample(
                 )
             )  # fmt: skip
             continue
-        stored_scale = int(found.scales[row, group])
+        stored_scale = int(stored_rows.scales[position[row], group])
         if stored_scale != scale:
             mismatches.append(
                 Mismatch(
@@ -225,7 +240,7 @@ def oracle_sample(
                     f"0x{scale:04x}", f"0x{stored_scale:04x}", 1, len(picks),
                 )
             )  # fmt: skip
-        stored = found.codes[row, lo:hi].astype(np.int64)
+        stored = stored_rows.codes[position[row], lo:hi].astype(np.int64)
         expect = np.asarray(codes, dtype=np.int64)
         diff = np.flatnonzero(stored != expect)
         if diff.size:
@@ -278,6 +293,40 @@ def error_stats(
         sum_e2 += e2
         sum_x2 += x2
     return _finish(fmt, tensor, numel, max_err, sum_e2, sum_x2)
+
+
+class BlockStats:
+    """Error statistics accumulated from encoded row blocks (a ``fused.BlockHook``).
+
+    Blocks may arrive from several threads in any order; each block's sums are kept by its
+    first row and added in row order at the end, so the result does not depend on scheduling.
+    """
+
+    def __init__(self, fmt: NumericFormat, tensor: str, source_dtype: str) -> None:
+        self.fmt, self.tensor, self.dtype = fmt, tensor, source_dtype
+        self.parts: dict[int, tuple[float, float, float, int]] = {}
+
+    def __call__(
+        self,
+        r0: int,
+        r1: int,
+        words: npt.NDArray[np.generic],
+        codes: npt.NDArray[np.int8],
+        scales: npt.NDArray[np.uint16],
+    ) -> None:
+        x_hat = _dequantize_block(self.fmt, GroupedCodes(codes, scales), 0, r1 - r0)
+        x = _widen(np.ascontiguousarray(words), self.dtype).reshape(-1)
+        self.parts[r0] = (*_accumulate(x, x_hat), int(x.size))
+
+    def finish(self) -> TensorErrorStats:
+        max_err, sum_e2, sum_x2, numel = 0.0, 0.0, 0.0, 0
+        for r0 in sorted(self.parts):
+            m, e2, x2, n = self.parts[r0]
+            max_err = m if math.isnan(m) or math.isnan(max_err) else max(max_err, m)
+            sum_e2 += e2
+            sum_x2 += x2
+            numel += n
+        return _finish(self.fmt, self.tensor, numel, max_err, sum_e2, sum_x2)
 
 
 def _widen(words: npt.NDArray[np.generic], source_dtype: str) -> npt.NDArray[np.float32]:
