@@ -13,6 +13,7 @@ import torch
 import xxhash
 from safetensors.torch import save_file
 
+from ninfer_convert.encoder import encode_grouped_words
 from ninfer_convert.errors import EncodeError, SourceError
 from ninfer_convert.logical import DirectWords
 from ninfer_convert.recipe import EncodeInput, build_plan, loads_recipe, materialize
@@ -364,8 +365,12 @@ def test_grouped_refuses_nonfinite_in_logical_coordinates(tmp_path: Path) -> Non
         """,
         src,
     )
-    with pytest.raises(EncodeError, match=r"at row 1, column 2 of shape \[4, 3\]; grouped"):
-        materialize(p.entries[0], src)
+    # materialize hands the transposed words on; the canonical encoder refuses the value and
+    # names it in the logical (transposed) coordinates.
+    m = materialize(p.entries[0], src)
+    assert isinstance(m.value, EncodeInput)
+    with pytest.raises(EncodeError, match=r"row 1, column 2 \(group 0\)"):
+        encode_grouped_words(m.value.words, m.value.source_dtype, "Q6G64_F16S", tensor="a")
 
 
 def test_source_changed_after_planning(tmp_path: Path) -> None:
