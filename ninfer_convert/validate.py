@@ -78,7 +78,11 @@ def grouped_problems(
                 tensor=tensor,
             )
         ]
-    illegal = (codes < fmt.qmin) | (codes > fmt.qmax)
+    # Two reductions decide the common (valid) case without a tensor-sized mask.
+    if codes.size and (int(codes.min()) < fmt.qmin or int(codes.max()) > fmt.qmax):
+        illegal = (codes < fmt.qmin) | (codes > fmt.qmax)
+    else:
+        illegal = np.zeros((0, 0), dtype=bool)
     out += _report(
         illegal,
         tensor,

@@ -60,7 +60,8 @@ def to_f32(words: npt.NDArray[np.generic], source_dtype: str) -> npt.NDArray[np.
     """Exact conversion of a chunk of source words to binary32 values (spec Section 7)."""
     if source_dtype == "BF16":
         # BF16 is the high half of a binary32 word: shift into place and reinterpret.
-        return np.left_shift(words.astype(np.uint32), np.uint32(16)).view(np.float32)
+        # One pass: the ufunc widens each word to uint32 inside its loop before shifting.
+        return np.left_shift(words, np.uint32(16), dtype=np.uint32).view(np.float32)
     if source_dtype == "F16":
         # binary16 -> binary32 is exact for every finite value (widening conversion).
         return np.asarray(words).view(np.float16).astype(np.float32)

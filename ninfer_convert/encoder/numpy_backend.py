@@ -84,11 +84,15 @@ def _encode_rows(
     np.divide(np.float32(1.0), scale32, out=inv32, where=scale32 > 0)
     x = to_f32(words, "F32" if wide else "BF16").reshape(n, n_groups, g)
     q = np.multiply(x, inv32[:, :, None])
-    np.rint(q, out=q)
+    # Section 7 clamps after rounding; since rint is monotone and qmin, qmax are integers,
+    # clamp(rint(v)) == rint(clamp(v)), which lets rint write the int8 codes in the same pass.
     # The clamp must happen on the floats: with a subnormal binary16 scale (few significant
-    # bits) x * inv can exceed qmax by far, and an int8 cast would wrap before clamping.
+    # bits) x * inv can exceed qmax by far, and an int8 cast would wrap.
     np.clip(q, fmt.qmin, fmt.qmax, out=q)
-    codes_out[:, :] = q.reshape(n, n_groups * g)[:, :k]
+    if k % g:
+        codes_out[:, :] = np.rint(q).reshape(n, n_groups * g)[:, :k]
+    else:
+        np.rint(q.reshape(n, k), out=codes_out, casting="unsafe")
     scales_out[:, :] = bits
 
 
