@@ -11,15 +11,18 @@ Stable public API (other tools call these names):
 
 from __future__ import annotations
 
+__version__ = "0.1.0"
+
 from .container import ArtifactWriter, open_artifact
+from .convert import convert_checkpoint, plan_conversion
 from .dequant import dequantize_grouped, dequantize_logical
 from .encoder import encode_grouped, encode_grouped_words
 from .errors import NinferError
 from .formats import ENCODER_PROFILES, FORMATS, lookup_format, lookup_profile
+from .inspect import inspect_artifact
 from .layouts import LAYOUTS, lookup_layout
 from .logical import DirectWords, FP8RowWords, GroupedCodes, NVFP4Words
-
-__version__ = "0.1.0"
+from .verify import verify_artifact
 
 __all__ = [
     "ENCODER_PROFILES",
@@ -32,12 +35,16 @@ __all__ = [
     "NVFP4Words",
     "NinferError",
     "__version__",
+    "convert_checkpoint",
     "dequantize_grouped",
     "dequantize_logical",
     "encode_grouped",
     "encode_grouped_words",
+    "inspect_artifact",
     "lookup_format",
     "lookup_layout",
     "lookup_profile",
     "open_artifact",
+    "plan_conversion",
+    "verify_artifact",
 ]

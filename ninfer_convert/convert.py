@@ -108,7 +108,7 @@ class ConvertReport:
         return {
             "output": str(self.output),
             "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
-            "source": self.plan.source_path,
+            "source": os.path.abspath(self.plan.source_path),
             "device": self.device,
             "jobs": self.jobs,
             "tensors": self.tensors,
@@ -241,7 +241,8 @@ def _metadata(
         },
         "source": {
             "kind": plan.source_kind,
-            "path": plan.source_path,
+            # Absolute, so `ninfer verify` finds the source from any working directory.
+            "path": os.path.abspath(plan.source_path),
             "config": source.config,
             "files": [{"name": n, "size": s} for n, s in plan.source_files],
             "tensors": tensors,
