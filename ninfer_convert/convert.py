@@ -317,9 +317,11 @@ def _bounded(
     entries: tuple[PlanEntry, ...],
     submit: Callable[[PlanEntry], Future[PackedTensor]],
     budget: int,
+    prefetch: Callable[[PlanEntry], None] = lambda entry: None,
 ) -> Iterator[tuple[PlanEntry, Future[PackedTensor]]]:
     """Yield (entry, future) in plan order, keeping in-flight source bytes within ``budget``
-    (a single entry larger than the budget runs alone)."""
+    (a single entry larger than the budget runs alone); ``prefetch`` is told the next entry
+    waiting for room, so its bytes can be read ahead while the window works."""
     window: deque[tuple[PlanEntry, Future[PackedTensor]]] = deque()
     inflight = 0
     it = iter(entries)
@@ -329,6 +331,8 @@ def _bounded(
             window.append((pending, submit(pending)))
             inflight += pending.source_bytes
             pending = next(it, None)
+            if pending is not None:
+                prefetch(pending)
         entry, fut = window.popleft()
         yield entry, fut
         inflight -= entry.source_bytes
@@ -393,7 +397,11 @@ def convert_checkpoint(
                 return pool.submit(_guarded, cancel, entry, src, used_device, jobs, seed)
 
             try:
-                for entry, fut in _bounded(plan.entries, submit, budget):
+
+                def prefetch(entry: PlanEntry) -> None:
+                    src.prefetch(s.name for s in entry.sources)
+
+                for entry, fut in _bounded(plan.entries, submit, budget, prefetch):
                     packed = fut.result()
                     info = writer.add_packed(
                         entry.output,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, TracebackType
@@ -175,6 +175,28 @@ class SourceCheckpoint:
     def file_path(self, name: str) -> Path:
         """Absolute path of a weight file listed in :attr:`files`."""
         return self._root / name
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Start reading these tensors' bytes into the page cache in the background
+        (``posix_fadvise(WILLNEED)``): no memory is allocated and nothing waits.  Converters
+        call it for the next tensors so a cold read overlaps the current tensor's encoding."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None:  # pragma: no cover - not on Linux
+            return
+        for name in names:
+            info = self.tensors.get(name)
+            if info is None or info.nbytes == 0:
+                continue
+            try:
+                fd = os.open(self._root / info.file, os.O_RDONLY)
+            except OSError:
+                continue  # read() reports the problem with context
+            try:
+                advise(fd, info.offset, info.nbytes, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def read(self, name: str) -> SourceArray:
         """Read one tensor bit-exactly (see the module contract)."""
