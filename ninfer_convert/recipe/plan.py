@@ -20,6 +20,7 @@ The plan is deterministic (entries sorted by output name) and JSON-serialisable
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,10 +170,7 @@ class PlanEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)  # Python ints: never wraps
 
     @property
     def source_dtype(self) -> str:

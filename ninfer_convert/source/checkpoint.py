@@ -22,6 +22,7 @@ Contract:
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -94,10 +95,7 @@ class SourceTensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)  # Python ints: never wraps
 
     @property
     def word_dtype(self) -> str:

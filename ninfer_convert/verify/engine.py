@@ -61,6 +61,7 @@ from .compare import BlockStats, compare_logical, error_stats, oracle_sample
 from .report import (
     CheckResult,
     Finding,
+    Mismatch,
     SourceUse,
     TensorErrorStats,
     VerifyReport,
@@ -273,18 +274,10 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
         expected = packed.logical
         if expected is None:
             expected = LAYOUTS[info.layout].unpack(info.format, info.shape, packed.planes)
-        for m in compare_logical(fmt, name, expected, stored):
-            out.words.append(
-                Finding(
-                    check="source-words",
-                    error="ArtifactError",
-                    exit_code=ArtifactError.exit_code,
-                    message=f"differs from its re-derivation from the source: {m.describe()}",
-                    path=where,
-                    tensor=name,
-                    mismatch=m,
-                )
-            )
+        out.words += [
+            _mismatch("source-words", "differs from its re-derivation from the source", m, where)
+            for m in compare_logical(fmt, name, expected, stored)
+        ]
     if (
         fmt.category is Category.GROUPED
         and entry.encoder_profile == MAXABS_F16_RECIP_RNE_V1
@@ -297,18 +290,10 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
             shape=(int(info.shape[0]), int(info.shape[1])),
         )  # fmt: skip
         out.oracle_groups = checked
-        for m in mismatches:
-            out.oracle.append(
-                Finding(
-                    check="oracle-sample",
-                    error="ArtifactError",
-                    exit_code=ArtifactError.exit_code,
-                    message=f"differs from the Section 7 oracle: {m.describe()}",
-                    path=where,
-                    tensor=name,
-                    mismatch=m,
-                )
-            )
+        out.oracle += [
+            _mismatch("oracle-sample", "differs from the Section 7 oracle", m, where)
+            for m in mismatches
+        ]
     if (
         out.stats is None
         and fmt.category is not Category.DIRECT
@@ -317,6 +302,18 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
     ):
         out.stats = error_stats(fmt, name, enc.words, enc.source_dtype, found)
     return out
+
+
+def _mismatch(check: str, what: str, m: Mismatch, where: str) -> Finding:
+    return Finding(
+        check=check,
+        error="ArtifactError",
+        exit_code=ArtifactError.exit_code,
+        message=f"{what}: {m.describe()}",
+        path=where,
+        tensor=m.tensor,
+        mismatch=m,
+    )
 
 
 def _digest_findings(
