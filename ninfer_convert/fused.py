@@ -21,7 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .encoder.common import check_words, grouped_format
-from .encoder.numpy_backend import CHUNK_ELEMENTS, _encode_rows
+from .encoder.host import encode_rows
+from .encoder.numpy_backend import CHUNK_ELEMENTS
 from .layouts import lookup_layout
 from .logical import GroupedCodes
 from .validate import grouped_problems
@@ -43,6 +44,7 @@ def encode_pack_grouped(
     threads: int = 2,
     chunk_elements: int = CHUNK_ELEMENTS,
     on_block: BlockHook | None = None,
+    kernel: str = "native",
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
@@ -61,7 +63,7 @@ def encode_pack_grouped(
         r1 = min(n, r0 + rows)
         codes = np.empty((r1 - r0, k), dtype=np.int8)
         scales = np.empty((r1 - r0, n_groups), dtype=np.uint16)
-        _encode_rows(words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor)
+        encode_rows(words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor, kernel)
         problems = grouped_problems(fmt, codes, scales, tensor)
         if problems:  # pragma: no cover - the encoder cannot emit these; defence in depth
             raise problems[0]

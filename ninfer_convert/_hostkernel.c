@@ -1,0 +1,211 @@
+/*
+ * Single-pass host kernel for MAXABS_F16_RECIP_RNE_V1 (spec Section 7).
+ *
+ * Contract: encode_rows(words, source, n, k, group, qmin, qmax, codes, scales) encodes an
+ * [n, k] block of BF16 (source 0, uint16 words) or binary32 (source 1, uint32 words) values
+ * into int8 codes [n, k] and binary16 scale words [n, ceil(k/group)], bit-identical to the
+ * oracle in encoder/oracle.py.  It returns None, or a tuple describing the first refusal in
+ * row-major order: ("nonfinite", row, column) or ("overflow", row, group, raw_scale).
+ *
+ * Why the arithmetic is exactly Section 7: on x86-64 (and AArch64) C float arithmetic is
+ * IEEE binary32 with FLT_EVAL_METHOD 0 (SSE/NEON, no x87 excess precision); the build passes
+ * -ffp-contract=off and never -ffast-math, so `a / b` and `a * b` are each one correctly
+ * rounded operation in the default round-to-nearest-even mode and nothing is fused or
+ * reassociated.  The two conversions the spec needs are written out on the bits below
+ * (binary32 -> binary16 RNE with subnormals and overflow; binary16 -> binary32 exact), and the
+ * integral rounding uses the 1.5 * 2^23 trick, exact for |q| < 2^22 (q is already clamped).
+ * The GIL is released for the whole block, so two threads encode two blocks at once.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* binary32 -> binary16, round to nearest, ties to even; finite non-negative input. */
+static uint16_t f32_to_f16_rne(float f) {
+    uint32_t ax = bits_from_f32(f) & 0x7FFFFFFFu;
+    if (ax >= 0x477FF000u) return 0x7C00u; /* >= 65520 = halfway above 65504: rounds to inf */
+    if (ax >= 0x38800000u) {               /* >= 2^-14: a normal binary16 */
+        /* Rebias the exponent (127 - 15 = 112) and round away the low 13 fraction bits:
+         * adding 0xFFF plus the last kept bit carries exactly when the dropped part is above
+         * half, or equal to half with an odd kept part; a carry may bump the exponent. */
+        uint32_t r = ax - (112u << 23);
+        return (uint16_t)((r + 0x0FFFu + ((r >> 13) & 1u)) >> 13);
+    }
+    uint32_t e = ax >> 23;
+    if (e == 0) return 0; /* binary32 subnormals are far below half of 2^-24 */
+    /* value = m * 2^(e - 150); in units of 2^-24 that is m >> (126 - e), rounded RNE. */
+    uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126u - e; /* >= 14 here */
+    if (shift > 24u) return 0; /* below 2^-25 (m < 2^24): rounds to zero */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q += 1u;
+    return (uint16_t)q; /* q == 0x400 is the smallest normal, encoded by the same bits */
+}
+
+/* Exact binary16 -> binary32 for finite non-negative words. */
+static float f16_to_f32(uint16_t h) {
+    if ((h >> 10) == 0) return (float)h * 5.9604644775390625e-08f; /* h * 2^-24, exact */
+    return f32_from_bits(((uint32_t)h << 13) + (112u << 23));
+}
+
+static PyObject *refusal_nonfinite(Py_ssize_t row, Py_ssize_t col) {
+    return Py_BuildValue("(snn)", "nonfinite", row, col);
+}
+
+/* The whole block, without the GIL.  Compiled twice (AVX2 and baseline x86-64) and picked at
+ * load time by the CPU: the vector instructions change nothing in the arithmetic, since every
+ * operation is still one IEEE binary32 operation (no FMA: contraction is off). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py_ssize_t n,
+                        Py_ssize_t k, int group, Py_ssize_t groups, float lo, float hi,
+                        float qmaxf, int8_t *out, uint16_t *sc, Py_ssize_t *bad_row_out,
+                        Py_ssize_t *bad_col_out, float *bad_raw_out) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    int kind = 0; /* 0 ok, 1 non-finite, 2 overflow */
+    Py_ssize_t bad_row = 0, bad_col = 0;
+    float bad_raw = 0.0f;
+    for (Py_ssize_t r = 0; r < n && !kind; r++) {
+        for (Py_ssize_t g = 0; g < groups; g++) {
+            Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
+            uint32_t amax_bits = 0; /* sign-cleared word: unsigned order = order of |x| */
+            if (source == 0) {
+                const uint16_t *p = w16 + r * k;
+                int16_t m16 = 0; /* sign-cleared BF16 words fit a signed 16-bit max */
+                for (Py_ssize_t i = a; i < b; i++) {
+                    int16_t v = (int16_t)(p[i] & 0x7FFFu);
+                    m16 = v > m16 ? v : m16;
+                }
+                amax_bits = (uint32_t)m16;
+                if (amax_bits >= 0x7F80u) { /* inf or NaN somewhere in this group */
+                    for (Py_ssize_t i = a; i < b; i++)
+                        if ((p[i] & 0x7F80u) == 0x7F80u) { bad_col = i; break; }
+                    kind = 1; bad_row = r; break;
+                }
+                amax_bits <<= 16;
+            } else {
+                const uint32_t *p = w32 + r * k;
+                int32_t m32 = 0; /* sign-cleared binary32 words fit a signed 32-bit max */
+                for (Py_ssize_t i = a; i < b; i++) {
+                    int32_t v = (int32_t)(p[i] & 0x7FFFFFFFu);
+                    m32 = v > m32 ? v : m32;
+                }
+                amax_bits = (uint32_t)m32;
+                if (amax_bits >= 0x7F800000u) {
+                    for (Py_ssize_t i = a; i < b; i++)
+                        if ((p[i] & 0x7F800000u) == 0x7F800000u) { bad_col = i; break; }
+                    kind = 1; bad_row = r; break;
+                }
+            }
+            int8_t *c = out + r * k;
+            if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes */
+                sc[r * groups + g] = 0;
+                memset(c + a, 0, (size_t)(b - a));
+                continue;
+            }
+            float raw = f32_from_bits(amax_bits) / qmaxf;
+            uint16_t s16 = f32_to_f16_rne(raw);
+            if (s16 == 0) s16 = 1; /* 2^-24 underflow rescue */
+            if (s16 == 0x7C00u) { kind = 2; bad_row = r; bad_col = g; bad_raw = raw; break; }
+            sc[r * groups + g] = s16;
+            const float inv = 1.0f / f16_to_f32(s16);
+            if (source == 0) {
+                const uint16_t *p = w16 + r * k;
+                for (Py_ssize_t i = a; i < b; i++) {
+                    float q = f32_from_bits((uint32_t)p[i] << 16) * inv;
+                    q = q < lo ? lo : (q > hi ? hi : q);
+                    q = (q + magic) - magic; /* round half to even, |q| <= 127 */
+                    c[i] = (int8_t)(int)q;
+                }
+            } else {
+                const uint32_t *p = w32 + r * k;
+                for (Py_ssize_t i = a; i < b; i++) {
+                    float q = f32_from_bits(p[i]) * inv;
+                    q = q < lo ? lo : (q > hi ? hi : q);
+                    q = (q + magic) - magic;
+                    c[i] = (int8_t)(int)q;
+                }
+            }
+        }
+    }
+    *bad_row_out = bad_row;
+    *bad_col_out = bad_col;
+    *bad_raw_out = bad_raw;
+    return kind;
+}
+
+static PyObject *encode_rows(PyObject *self, PyObject *args) {
+    Py_buffer words, codes, scales;
+    int source, group, qmin, qmax;
+    Py_ssize_t n, k;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*innii" "iw*w*", &words, &source, &n, &k, &group, &qmin,
+                          &qmax, &codes, &scales))
+        return NULL;
+    Py_ssize_t groups = (k + group - 1) / group;
+    size_t wsize = source == 0 ? 2 : 4;
+    if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1) ||
+        words.len < (Py_ssize_t)(n * k * (Py_ssize_t)wsize) || codes.len < n * k ||
+        scales.len < n * groups * 2) {
+        PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
+        PyErr_SetString(PyExc_ValueError, "encode_rows: inconsistent buffer sizes");
+        return NULL;
+    }
+    const uint16_t *w16 = (const uint16_t *)words.buf;
+    const uint32_t *w32 = (const uint32_t *)words.buf;
+    int8_t *out = (int8_t *)codes.buf;
+    uint16_t *sc = (uint16_t *)scales.buf;
+    const float lo = (float)qmin, hi = (float)qmax, qmaxf = (float)qmax;
+    int kind;
+    Py_ssize_t bad_row = 0, bad_col = 0;
+    float bad_raw = 0.0f;
+
+    Py_BEGIN_ALLOW_THREADS
+    kind = encode_block(w16, w32, source, n, k, group, groups, lo, hi, qmaxf, out, sc, &bad_row,
+                        &bad_col, &bad_raw);
+    Py_END_ALLOW_THREADS
+
+    PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
+    if (kind == 1) return refusal_nonfinite(bad_row, bad_col);
+    if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
+    Py_RETURN_NONE;
+}
+
+static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
+    /* Test hook: binary32 words -> binary16 words with the kernel's own conversion. */
+    Py_buffer in, out;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*", &in, &out)) return NULL;
+    Py_ssize_t count = in.len / 4;
+    if (out.len < count * 2) {
+        PyBuffer_Release(&in); PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "f32_to_f16_words: output too small");
+        return NULL;
+    }
+    const uint32_t *src = (const uint32_t *)in.buf;
+    uint16_t *dst = (uint16_t *)out.buf;
+    for (Py_ssize_t i = 0; i < count; i++) dst[i] = f32_to_f16_rne(f32_from_bits(src[i]));
+    PyBuffer_Release(&in); PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
+    {"f32_to_f16_words", f32_to_f16_words, METH_VARARGS, "Non-negative finite binary32 -> binary16 RNE."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hostkernel",
+    "Single-pass host kernel for MAXABS_F16_RECIP_RNE_V1 (see the C source's header).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hostkernel(void) { return PyModule_Create(&module); }

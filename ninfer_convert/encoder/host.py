@@ -1,0 +1,72 @@
+"""The host encoder used by the converter: the C kernel when it was built, else numpy.
+
+Contract: :func:`encode_rows` encodes a block of rows into caller-provided code and scale
+arrays, bit-identical to :mod:`.oracle` whichever implementation runs (the tests run both
+against the oracle; CI requires the C kernel to be present via ``NINFER_REQUIRE_NATIVE=1``).
+Refusals raise the same :class:`~ninfer_convert.errors.EncodeError` messages as the numpy
+backend, with rows counted from ``row0``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..formats import NumericFormat
+from .common import nonfinite_error, overflow_error, to_f32
+from .numpy_backend import _encode_rows
+
+_native: Any
+try:  # built by setup.py when a C compiler is available
+    from .. import _hostkernel as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
+    raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C host kernel was not built")
+
+__all__ = ["HOST_KERNELS", "encode_rows", "native_available"]
+
+HOST_KERNELS = ("native", "numpy")
+
+
+def native_available() -> bool:
+    return _native is not None
+
+
+def encode_rows(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    row0: int,
+    codes_out: npt.NDArray[np.int8],
+    scales_out: npt.NDArray[np.uint16],
+    tensor: str | None,
+    kernel: str = "native",
+) -> None:
+    """Encode ``words`` [n, K] (a block starting at tensor row ``row0``) into the outputs."""
+    if kernel == "numpy" or _native is None:
+        _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+        return
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    n, k = words.shape
+    if source_dtype == "BF16":
+        src, w = 0, np.ascontiguousarray(words, dtype=np.uint16)
+    elif source_dtype == "F16":  # exact widening, then as binary32
+        src, w = 1, to_f32(np.ascontiguousarray(words), "F16").view(np.uint32)
+    else:
+        src, w = 1, np.ascontiguousarray(words).view(np.uint32)
+    result: Any = _native.encode_rows(
+        w, src, n, k, fmt.group_size, fmt.qmin, fmt.qmax, codes_out, scales_out
+    )
+    if result is None:
+        return
+    if result[0] == "nonfinite":
+        r, c = int(result[1]), int(result[2])
+        word = int(np.asarray(words)[r, c])
+        raise nonfinite_error(tensor, row0 + r, c // fmt.group_size, c, word, source_dtype)
+    r, g, raw = int(result[1]), int(result[2]), float(result[3])
+    raise overflow_error(tensor, row0 + r, g, raw)
