@@ -103,3 +103,18 @@ def test_native_matches_numpy_on_a_large_bf16_block(fmt: str) -> None:
     words = (x.view(np.uint32) >> 16).astype(np.uint16)
     ref = encode_grouped_words(words, "BF16", fmt, backend="numpy")
     assert_same_encoding(ref, _native(words, "BF16", fmt), entry.group_size)
+
+
+def test_native_error_sums_agree_with_a_binary64_reference() -> None:
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((7, 150)).astype(np.float32)
+    words = (x.view(np.uint32) >> 16).astype(np.uint16)
+    enc = encode_grouped_words(words, "BF16", "Q5G64_F16S")
+    sums = host.block_error_sums(words, "BF16", FORMATS["Q5G64_F16S"], enc.codes, enc.scales)
+    assert sums is not None
+    x64 = (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    s64 = np.repeat(enc.scales.view(np.float16).astype(np.float64), 64, axis=1)[:, :150]
+    e = x64 - s64 * enc.codes
+    assert sums[0] == np.abs(e).max()  # every error is exact in binary32 here
+    assert sums[1] == pytest.approx(float((e * e).sum()), rel=1e-12)
+    assert sums[2] == pytest.approx(float((x64 * x64).sum()), rel=1e-12)

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - depends on the build
 if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
     raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C host kernel was not built")
 
-__all__ = ["HOST_KERNELS", "encode_rows", "native_available"]
+__all__ = ["HOST_KERNELS", "block_error_sums", "encode_rows", "native_available"]
 
 HOST_KERNELS = ("native", "numpy")
 
@@ -70,3 +70,24 @@ def encode_rows(
         raise nonfinite_error(tensor, row0 + r, c // fmt.group_size, c, word, source_dtype)
     r, g, raw = int(result[1]), int(result[2]), float(result[3])
     raise overflow_error(tensor, row0 + r, g, raw)
+
+
+def block_error_sums(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+) -> tuple[float, float, float] | None:
+    """(max |x - x_hat|, sum of squared errors, sum of squared values) of an encoded block,
+    from the C kernel; ``None`` when it is not built (callers use their numpy path)."""
+    if _native is None or source_dtype not in ("BF16", "F32"):
+        return None
+    assert fmt.group_size is not None
+    n, k = words.shape
+    src = 0 if source_dtype == "BF16" else 1
+    w = np.ascontiguousarray(words)
+    sums: tuple[float, float, float] = _native.error_stats(
+        w, src, n, k, fmt.group_size, np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+    )
+    return sums

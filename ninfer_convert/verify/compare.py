@@ -26,6 +26,7 @@ import xxhash
 
 from ..dequant import dequantize_logical
 from ..encoder.common import to_f32
+from ..encoder.host import block_error_sums
 from ..encoder.oracle import OracleFailure, encode_group_oracle
 from ..formats import NumericFormat
 from ..logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
@@ -314,9 +315,12 @@ class BlockStats:
         codes: npt.NDArray[np.int8],
         scales: npt.NDArray[np.uint16],
     ) -> None:
-        x_hat = _dequantize_block(self.fmt, GroupedCodes(codes, scales), 0, r1 - r0)
-        x = _widen(np.ascontiguousarray(words), self.dtype).reshape(-1)
-        self.parts[r0] = (*_accumulate(x, x_hat), int(x.size))
+        sums = block_error_sums(words, self.dtype, self.fmt, codes, scales)
+        if sums is None:  # no C kernel: the same sums with numpy passes
+            x_hat = _dequantize_block(self.fmt, GroupedCodes(codes, scales), 0, r1 - r0)
+            x = _widen(np.ascontiguousarray(words), self.dtype).reshape(-1)
+            sums = _accumulate(x, x_hat)
+        self.parts[r0] = (*sums, int(words.size))
 
     def finish(self) -> TensorErrorStats:
         max_err, sum_e2, sum_x2, numel = 0.0, 0.0, 0.0, 0
