@@ -178,68 +178,6 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Error statistics of one encoded block against its source (information for `verify`):
- * x_hat = s32 * q is exact in binary32 (at most 19 significant bits), e = x - x_hat is one
- * binary32 subtraction, and the sums are accumulated in binary64. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void stats_block(const uint16_t *w16, const uint32_t *w32, int source, Py_ssize_t n,
-                        Py_ssize_t k, int group, Py_ssize_t groups, const int8_t *codes,
-                        const uint16_t *sc, double *max_err, double *sum_e2, double *sum_x2) {
-    double me = 0.0, se = 0.0, sx = 0.0;
-    for (Py_ssize_t r = 0; r < n; r++) {
-        for (Py_ssize_t g = 0; g < groups; g++) {
-            Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
-            const float s32 = f16_to_f32(sc[r * groups + g]);
-            float gmax = 0.0f;
-            double ge = 0.0, gx = 0.0;
-            for (Py_ssize_t i = a; i < b; i++) {
-                float x = source == 0 ? f32_from_bits((uint32_t)w16[r * k + i] << 16)
-                                      : f32_from_bits(w32[r * k + i]);
-                float e = x - s32 * (float)codes[r * k + i];
-                float ae = e < 0.0f ? -e : e;
-                gmax = ae > gmax ? ae : gmax;
-                ge += (double)e * (double)e;
-                gx += (double)x * (double)x;
-            }
-            me = gmax > me ? gmax : me;
-            se += ge;
-            sx += gx;
-        }
-    }
-    *max_err = me;
-    *sum_e2 = se;
-    *sum_x2 = sx;
-}
-
-static PyObject *error_stats(PyObject *self, PyObject *args) {
-    /* error_stats(words, source, n, k, group, codes, scales) -> (max|e|, sum e^2, sum x^2) */
-    Py_buffer words, codes, scales;
-    int source, group;
-    Py_ssize_t n, k;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*inniy*y*", &words, &source, &n, &k, &group, &codes,
-                          &scales))
-        return NULL;
-    Py_ssize_t groups = group > 0 ? (k + group - 1) / group : 0;
-    size_t wsize = source == 0 ? 2 : 4;
-    if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1) ||
-        words.len < (Py_ssize_t)(n * k * (Py_ssize_t)wsize) || codes.len < n * k ||
-        scales.len < n * groups * 2) {
-        PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
-        PyErr_SetString(PyExc_ValueError, "error_stats: inconsistent buffer sizes");
-        return NULL;
-    }
-    double me = 0.0, se = 0.0, sx = 0.0;
-    Py_BEGIN_ALLOW_THREADS
-    stats_block((const uint16_t *)words.buf, (const uint32_t *)words.buf, source, n, k, group,
-                groups, (const int8_t *)codes.buf, (const uint16_t *)scales.buf, &me, &se, &sx);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
-    return Py_BuildValue("(ddd)", me, se, sx);
-}
-
 static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
     /* Test hook: binary32 words -> binary16 words with the kernel's own conversion. */
     Py_buffer in, out;
@@ -260,7 +198,6 @@ static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
-    {"error_stats", error_stats, METH_VARARGS, "(max |e|, sum e^2, sum x^2) of an encoded block."},
     {"f32_to_f16_words", f32_to_f16_words, METH_VARARGS, "Non-negative finite binary32 -> binary16 RNE."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,7 +25,15 @@ try:  # built by setup.py when a C compiler is available
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
-if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
+_stats: Any
+try:
+    from .. import _hoststats as _stats
+except ImportError:  # pragma: no cover - depends on the build
+    _stats = None
+
+if (_native is None or _stats is None) and os.environ.get(
+    "NINFER_REQUIRE_NATIVE"
+) == "1":  # pragma: no cover
     raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C host kernel was not built")
 
 __all__ = ["HOST_KERNELS", "block_error_sums", "encode_rows", "native_available"]
@@ -80,14 +88,14 @@ def block_error_sums(
     scales: npt.NDArray[np.uint16],
 ) -> tuple[float, float, float] | None:
     """(max |x - x_hat|, sum of squared errors, sum of squared values) of an encoded block,
-    from the C kernel; ``None`` when it is not built (callers use their numpy path)."""
-    if _native is None or source_dtype not in ("BF16", "F32"):
+    from the C statistics module; ``None`` when it is not built (callers use numpy)."""
+    if _stats is None or source_dtype not in ("BF16", "F32"):
         return None
     assert fmt.group_size is not None
     n, k = words.shape
     src = 0 if source_dtype == "BF16" else 1
     w = np.ascontiguousarray(words)
-    sums: tuple[float, float, float] = _native.error_stats(
+    sums: tuple[float, float, float] = _stats.error_stats(
         w, src, n, k, fmt.group_size, np.ascontiguousarray(codes), np.ascontiguousarray(scales)
     )
     return sums
