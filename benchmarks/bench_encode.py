@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import best_of, machine
 
 from ninfer_convert.encoder import encode_grouped_words
+from ninfer_convert.encoder.host import native_available
+from ninfer_convert.fused import encode_pack_grouped
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
@@ -54,6 +56,12 @@ def main() -> None:
             args.repeat,
         )
         rows.append((fmt, f"torch-{args.device}", t_t))
+        for kernel in ("numpy", "native") if native_available() else ("numpy",):
+            t_f = best_of(
+                lambda f=fmt, kern=kernel: encode_pack_grouped(words, "BF16", f, kernel=kern),
+                args.repeat,
+            )
+            rows.append((fmt, f"fused+pack {kernel}", t_f))
 
     try:
         import gguf
@@ -68,11 +76,11 @@ def main() -> None:
     print(
         f"matrix: {args.rows} x {args.cols} BF16 = {n / 1e6:.1f} M elements, {nbytes / 1e6:.0f} MB"
     )
-    print(f"{'format':<20}{'backend':<14}{'seconds':>9}{'Melem/s':>10}{'GB/s':>8}{'vs memcpy':>11}")
+    print(f"{'format':<20}{'backend':<20}{'seconds':>9}{'Melem/s':>10}{'GB/s':>8}{'vs memcpy':>11}")
     table = []
     for fmt, backend, t in rows:
         rate, gbs = n / t / 1e6, nbytes / t / 1e9
-        print(f"{fmt:<20}{backend:<14}{t:9.3f}{rate:10.1f}{gbs:8.2f}{t_copy / t:10.3f}x")
+        print(f"{fmt:<20}{backend:<20}{t:9.3f}{rate:10.1f}{gbs:8.2f}{t_copy / t:10.3f}x")
         table.append(
             {
                 "format": fmt,
