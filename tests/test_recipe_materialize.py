@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
+from recipe_fixtures import RECIPE_HEAD
 from safetensors.torch import save_file
 
 from ninfer_convert.encoder import encode_grouped_words
@@ -20,18 +21,7 @@ from ninfer_convert.recipe import EncodeInput, build_plan, loads_recipe, materia
 from ninfer_convert.recipe.plan import Plan
 from ninfer_convert.source import SourceCheckpoint, open_source
 
-HEAD = """\
-ninfer_recipe: 1
-name: t
-version: "1"
-source:
-  model_type: llama
-evidence:
-  - id: e1
-    citation: somebody
-    summary: something
-rules:
-"""
+HEAD = RECIPE_HEAD
 
 
 def source(root: Path, tensors: dict[str, torch.Tensor]) -> SourceCheckpoint:

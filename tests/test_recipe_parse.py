@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recipe_fixtures import RECIPE_HEAD, RECIPE_HEAD_LINES
 
 from ninfer_convert.errors import RecipeError
 from ninfer_convert.recipe import (
@@ -22,19 +23,8 @@ from ninfer_convert.recipe import (
 
 REPO = Path(__file__).resolve().parents[1]
 
-HEAD = """\
-ninfer_recipe: 1
-name: t
-version: "1"
-source:
-  model_type: llama
-evidence:
-  - id: e1
-    citation: somebody
-    summary: something
-rules:
-"""
-HEAD_LINES = HEAD.count("\n")  # the first rule starts on line HEAD_LINES + 1
+HEAD = RECIPE_HEAD
+HEAD_LINES = RECIPE_HEAD_LINES  # the first rule starts on line HEAD_LINES + 1
 
 
 def problems(body: str, head: str = HEAD) -> list[tuple[int | None, str]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from recipe_fixtures import RECIPE_HEAD, RECIPE_HEAD_LINES
 from safetensors.torch import save_file
 
 from ninfer_convert.layouts import lookup_layout
@@ -23,19 +24,8 @@ from ninfer_convert.source import SourceCheckpoint, open_source
 
 REPO = Path(__file__).resolve().parents[1]
 
-HEAD = """\
-ninfer_recipe: 1
-name: t
-version: "1"
-source:
-  model_type: llama
-evidence:
-  - id: e1
-    citation: somebody
-    summary: something
-rules:
-"""
-BASE = HEAD.count("\n")
+HEAD = RECIPE_HEAD
+BASE = RECIPE_HEAD_LINES
 
 
 def make_source(
