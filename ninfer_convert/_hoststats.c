@@ -5,7 +5,7 @@
  * [n, k] block of BF16 (source 0) or binary32 (source 1) source words and its grouped codes and
  * binary16 scales, where e = x - s32 * q.
  *
- * This file is compiled on its own with -ffast-math (setup.py) so that the sums and the maximum
+ * This file is compiled on its own with -ffast-math (pyproject.toml, ext-modules) so that the sums and the maximum
  * vectorise: reassociating them changes the last bits of a statistic, never a code, a scale or
  * a verification result.  The encoder (_hostkernel.c) is built without it.
  */

@@ -20,7 +20,7 @@ from .common import nonfinite_error, overflow_error, to_f32
 from .numpy_backend import _encode_rows
 
 _native: Any
-try:  # built by setup.py when a C compiler is available
+try:  # built by pip (pyproject.toml ext-modules) when a C compiler is available
     from .. import _hostkernel as _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
