@@ -281,3 +281,21 @@ def test_round_trip_through_encoder_and_decoder_stays_within_half_a_step() -> No
     y = dequantize_grouped(enc.codes, enc.scales, "Q6G64_F16S")
     step = np.repeat(enc.scales.view(np.float16).astype(np.float32), 64, axis=1)
     assert np.all(np.abs(x - y) <= step * 0.5 + 1e-6)
+
+
+@given(
+    st.integers(min_value=-(1 << 50), max_value=1 << 50),
+    st.integers(min_value=-200, max_value=60),
+)
+def test_oracle_dyadic_rounding_equals_its_rational_rounding(m: int, e: int) -> None:
+    """The oracle's integer fast path for x * inv32 is the same RNE as round_to_binary."""
+    from ninfer_convert.encoder.oracle import _round_dyadic32, _shift_rne
+
+    exact = Fraction(m) * Fraction(2) ** e
+    want = round_to_binary(exact, BINARY32)
+    if (want >> 23) & 0xFF == 0xFF:
+        return  # beyond binary32: the encoder never forms such products
+    n, ne = _round_dyadic32(m, e)
+    assert Fraction(n) * Fraction(2) ** ne == decode_binary(want, BINARY32)
+    for s in (1, 2, 7, 30):
+        assert _shift_rne(m, s) == round(Fraction(m, 1 << s))

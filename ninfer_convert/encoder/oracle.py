@@ -108,6 +108,42 @@ def round_to_binary(value: Fraction, fmt: BinaryFormat, *, negative_zero: bool =
     return sign | ((e + fmt.bias) << fmt.frac_bits) | (n - (1 << fmt.frac_bits))
 
 
+def _dyadic(word: int) -> tuple[int, int]:
+    """A finite binary32 word as an exact (signed integer m, exponent e) with value m * 2^e."""
+    sign = -1 if word >> 31 else 1
+    exp = (word >> 23) & 0xFF
+    frac = word & 0x7FFFFF
+    if exp == 0:
+        return sign * frac, -149
+    return sign * (frac | 0x800000), exp - 150
+
+
+def _shift_rne(m: int, s: int) -> int:
+    """round(m / 2^s), ties to even, for s >= 1, in integers (Python's >> floors)."""
+    q = m >> s
+    rem = m - (q << s)  # 0 <= rem < 2^s
+    half = 1 << (s - 1)
+    if rem > half or (rem == half and q & 1):
+        q += 1
+    return q
+
+
+def _round_dyadic32(m: int, e: int) -> tuple[int, int]:
+    """round_to_binary(m * 2^e, BINARY32) for a dyadic value, as (m', e') with m' * 2^e' the
+    rounded value; the same rounding as :func:`round_to_binary`, in integer shifts instead of
+    :class:`Fraction` operations (the oracle's per-element hot path; tests compare the two).
+    Overflow never happens here (|x * inv| stays far below the binary32 range)."""
+    if m == 0:
+        return 0, 0
+    mag = -m if m < 0 else m
+    top = mag.bit_length() - 1 + e  # floor(log2 |value|)
+    quantum_exp = max(top, -126) - 23  # exponent of the last kept bit (subnormals: -149)
+    if e >= quantum_exp:
+        return m, e  # already representable
+    n = _shift_rne(mag, quantum_exp - e)
+    return (-n if m < 0 else n), quantum_exp
+
+
 def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, list[int]]:
     """Encode one group of binary32 words; returns (binary16 scale word, signed codes).
 
@@ -116,10 +152,12 @@ def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, 
     for i, w in enumerate(x_words):
         if (w >> 23) & 0xFF == 0xFF:
             raise OracleFailure(-1, -1, i, float("nan"))
-    xs = [decode_binary(w, BINARY32) for w in x_words]
-    amax = max(abs(v) for v in xs)
+    # max |x|: for finite IEEE words with the sign bit cleared, the integer order is the order
+    # of the magnitudes (exponent above fraction, both unsigned), so the largest such word is
+    # the word of amax.
+    amax = decode_binary(max(w & 0x7FFFFFFF for w in x_words), BINARY32)
     if amax == 0:
-        return 0x0000, [0] * len(xs)
+        return 0x0000, [0] * len(x_words)
     raw_scale32 = decode_binary(round_to_binary(amax / qmax, BINARY32), BINARY32)
     scale16 = round_to_binary(raw_scale32, BINARY16)
     if scale16 == 0x0000:
@@ -127,11 +165,14 @@ def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, 
     if (scale16 >> 10) & 0x1F == 0x1F:
         raise OracleFailure(-1, -1, -1, float(raw_scale32))
     scale32 = decode_binary(scale16, BINARY16)  # exact binary16 -> binary32
-    inv32 = decode_binary(round_to_binary(1 / scale32, BINARY32), BINARY32)
+    inv_m, inv_e = _dyadic(round_to_binary(1 / scale32, BINARY32))
     codes = []
-    for v in xs:
-        normalized32 = decode_binary(round_to_binary(v * inv32, BINARY32), BINARY32)
-        rounded = round(normalized32)  # ties to even, exact
+    for w in x_words:
+        # normalized32 = round_f32(x * inv32): the exact product of two dyadics is dyadic.
+        x_m, x_e = _dyadic(w)
+        n_m, n_e = _round_dyadic32(x_m * inv_m, x_e + inv_e)
+        # round_to_integral_ties_to_even(normalized32), exactly.
+        rounded = n_m << n_e if n_e >= 0 else _shift_rne(n_m, -n_e)
         codes.append(min(max(rounded, qmin), qmax))
     return scale16, codes
 
