@@ -278,3 +278,11 @@ def test_prefetch_is_advisory_and_ignores_unknown_names() -> None:
     names = list(source.tensors)[:3]
     source.prefetch([*names, "no.such.tensor"])  # only starts readahead; never raises
     assert source.read(names[0]).words.size > 0
+
+
+def test_artifact_prefetch_is_advisory(example_artifact: Path) -> None:
+    with open_artifact(example_artifact) as art:
+        for name in art.tensors:
+            art.prefetch(name)  # starts readahead only; never raises, never changes reads
+        first = next(iter(art.tensors))
+        assert art.read(first) is not None

@@ -489,6 +489,21 @@ class Artifact:
                 with contextlib.suppress(BufferError):
                     v.release()
 
+    def prefetch(self, name: str) -> None:
+        """Ask the kernel to start reading this tensor's planes into the page cache
+        (``madvise(WILLNEED)``); returns at once and allocates nothing.  Readers that walk the
+        tensors in order call it for the next one so cold reads overlap their work."""
+        info = self._info(name)
+        c = self._owner[name]
+        if c.mm is None or not info.planes or not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        start = info.planes[0].offset
+        end = max(p.offset + p.nbytes for p in info.planes)
+        start -= start % mmap.PAGESIZE  # planes are aligned, but the alignment may be < a page
+        if end > start:
+            with contextlib.suppress(OSError, ValueError):
+                c.mm.madvise(mmap.MADV_WILLNEED, start, end - start)
+
     def plane_buffer(self, name: str, plane: str) -> memoryview:
         """A read-only view of one plane's stored bytes; valid until :meth:`close`."""
         info = self._info(name)

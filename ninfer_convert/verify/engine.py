@@ -769,9 +769,24 @@ def _run_tensors(
     costs = {n: cost(n) for n in names}
     budget = _ByteBudget(max(max(costs.values(), default=0), _MIN_INFLIGHT_BYTES))
 
+    position = {n: i for i, n in enumerate(names)}
+
+    def prefetch_next(name: str) -> None:
+        # Start the cold reads of the next tensor (stored planes and source) now, so they
+        # overlap this tensor's re-encoding, as convert does for its source.
+        i = position[name] + 1
+        if i >= total:
+            return
+        following = names[i]
+        art.prefetch(following)
+        entry = ctx.entries.get(following) if ctx is not None else None
+        if ctx is not None and entry is not None:
+            ctx.source.prefetch(s.name for s in entry.sources)
+
     def work(name: str) -> _TensorOutcome:
         nonlocal done
         budget.acquire(costs[name])
+        prefetch_next(name)
         try:
             result = _check_tensor(art, name, ctx)
         finally:
