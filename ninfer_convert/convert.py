@@ -356,9 +356,9 @@ def convert_checkpoint(
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
-    grouped_entries = any(e.encoder_profile is not None for e in plan.entries)
-    used_device = resolve_device(device) if grouped_entries or device == "cuda" else "cpu"
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
+    # Only grouped tensors are encoded: without them there is no device to choose.
+    used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
     if used_device == "cuda" and grouped:
         cuda_parity_gate(grouped, device="cuda")
 
@@ -397,11 +397,10 @@ def convert_checkpoint(
                 seed = zlib.crc32(entry.output.encode())
                 return pool.submit(_guarded, cancel, entry, src, used_device, jobs, seed)
 
+            def prefetch(entry: PlanEntry) -> None:
+                src.prefetch(s.name for s in entry.sources)
+
             try:
-
-                def prefetch(entry: PlanEntry) -> None:
-                    src.prefetch(s.name for s in entry.sources)
-
                 for entry, fut in _bounded(plan.entries, submit, budget, prefetch):
                     packed = fut.result()
                     info = writer.add_packed(
