@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from ..errors import EncodeError
 from ..formats import NumericFormat, lookup_format
+from ..words import first_index
 
 __all__ = [
     "SourceDtype",
@@ -95,7 +96,5 @@ def locate_nonfinite(
     x: npt.NDArray[np.float32], row0: int, group_size: int
 ) -> tuple[int, int, int]:
     """(row, group, column) of the first non-finite value of a chunk."""
-    bad = ~np.isfinite(x)
-    flat = int(np.argmax(bad.reshape(-1)))
-    r, c = divmod(flat, x.shape[1])
+    r, c = first_index(~np.isfinite(x))
     return row0 + r, c // group_size, c

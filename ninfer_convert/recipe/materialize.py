@@ -40,7 +40,7 @@ from ..errors import EncodeError, SourceError
 from ..formats import lookup_format
 from ..logical import DirectWords, FP8RowWords, LogicalTensor, NVFP4Words
 from ..source import SourceArray, SourceCheckpoint
-from ..words import bf16_to_f32_words, f16_to_f32_words, f32_to_bf16_rne, int_to_i32
+from ..words import bf16_to_f32_words, f16_to_f32_words, f32_to_bf16_rne, first_index, int_to_i32
 from .plan import PlanEntry
 from .tables import DIRECT_SAME_SOURCE, FINITE_ONLY, GROUPED_SOURCES
 
@@ -95,11 +95,6 @@ def _at(idx: tuple[int, ...]) -> str:
     return f"index {list(idx)}"
 
 
-def _first(mask: npt.NDArray[np.bool_]) -> tuple[int, ...]:
-    flat = int(np.argmax(mask.reshape(-1)))
-    return tuple(int(i) for i in np.unravel_index(flat, mask.shape))
-
-
 def _f32(word: int) -> float:
     return float(np.array([word], dtype=np.uint32).view(np.float32)[0])
 
@@ -109,7 +104,7 @@ def _check_finite(
 ) -> None:
     bad = nonfinite_mask(words, dtype)
     if bad.any():
-        idx = _first(bad)
+        idx = first_index(bad)
         word = int(words[idx])
         kind = (
             "NaN"
@@ -228,7 +223,7 @@ def _convert(
         out = f32_to_bf16_rne(wide32, keep_nonfinite=True, tensor=entry.output)
         overflow = ~nonfinite_mask(wide32, "F32") & nonfinite_mask(out, "BF16")
         if overflow.any():
-            idx = _first(overflow)
+            idx = first_index(overflow)
             word = int(wide32[idx])
             raise EncodeError(
                 f"finite value {_f32(word)!r} (F32 word 0x{word:08x}) at {_at(idx)} rounds to "
@@ -273,7 +268,7 @@ def _copy_nvfp4(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> NVFP4Word
     # Block scales: sign-zero finite words only (+0 allowed; -0, negatives, NaN refused).
     bad = ((scales & 0x80) != 0) | ((scales & 0x7F) == 0x7F)
     if bad.any():
-        r, c = _first(bad)
+        r, c = first_index(bad)
         w = int(scales[r, c])
         what = "NaN" if (w & 0x7F) == 0x7F else ("negative zero" if w == 0x80 else "negative")
         raise _refuse(
@@ -354,7 +349,7 @@ def _copy_fp8(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> FP8RowWords
         )
     nan = (codes & 0x7F) == 0x7F
     if nan.any():
-        r, c = _first(nan)
+        r, c = first_index(nan)
         raise _refuse(
             entry,
             f"{parts['codes'].name}: code at row {r}, column {c} is E4M3FN NaN "
@@ -365,7 +360,7 @@ def _copy_fp8(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> FP8RowWords
     if zero_rows.any():
         nonzero = ((codes & 0x7F) != 0) & zero_rows[:, None]
         if nonzero.any():
-            r, c = _first(nonzero)
+            r, c = first_index(nonzero)
             raise _refuse(
                 entry,
                 f"row {r} has scale +0 but code 0x{int(codes[r, c]):02x} at "

@@ -288,7 +288,7 @@ def error_stats(
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         x_hat = _dequantize_block(fmt, found, r0, r1)
-        x = _widen(np.ascontiguousarray(source_words[r0:r1]), source_dtype).reshape(-1)
+        x = to_f32(np.ascontiguousarray(source_words[r0:r1]), source_dtype).reshape(-1)
         m, e2, x2 = _accumulate(x, x_hat)
         max_err = m if math.isnan(m) or math.isnan(max_err) else max(max_err, m)
         sum_e2 += e2
@@ -318,7 +318,7 @@ class BlockStats:
         sums = block_error_sums(words, self.dtype, self.fmt, codes, scales)
         if sums is None:  # no C kernel: the same sums with numpy passes
             x_hat = _dequantize_block(self.fmt, GroupedCodes(codes, scales), 0, r1 - r0)
-            x = _widen(np.ascontiguousarray(words), self.dtype).reshape(-1)
+            x = to_f32(np.ascontiguousarray(words), self.dtype).reshape(-1)
             sums = _accumulate(x, x_hat)
         self.parts[r0] = (*sums, int(words.size))
 
@@ -331,13 +331,6 @@ class BlockStats:
             sum_x2 += x2
             numel += n
         return _finish(self.fmt, self.tensor, numel, max_err, sum_e2, sum_x2)
-
-
-def _widen(words: npt.NDArray[np.generic], source_dtype: str) -> npt.NDArray[np.float32]:
-    """Exact binary32 values of source words; BF16 in one pass (the word is the high half)."""
-    if source_dtype == "BF16":
-        return np.left_shift(words, 16, dtype=np.uint32).view(np.float32)
-    return to_f32(words, source_dtype)
 
 
 def _dequantize_block(
