@@ -12,5 +12,6 @@ def encode_rows(
     qmax: int,
     codes: Any,
     scales: Any,
+    stats: Any = None,
 ) -> tuple[str, int, int] | tuple[str, int, int, float] | None: ...
 def f32_to_f16_words(words: Any, out: Any) -> None: ...

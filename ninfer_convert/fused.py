@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .encoder.common import check_words, grouped_format
-from .encoder.host import encode_rows
+from .encoder.host import ErrorSums, encode_rows
 from .encoder.numpy_backend import CHUNK_ELEMENTS
 from .layouts import lookup_layout
 from .logical import GroupedCodes
@@ -30,9 +30,18 @@ from .validate import grouped_problems
 __all__ = ["BlockHook", "encode_pack_grouped"]
 
 BlockHook = Callable[
-    [int, int, npt.NDArray[np.generic], npt.NDArray[np.int8], npt.NDArray[np.uint16]], None
+    [
+        int,
+        int,
+        npt.NDArray[np.generic],
+        npt.NDArray[np.int8],
+        npt.NDArray[np.uint16],
+        ErrorSums | None,
+    ],
+    None,
 ]
-"""Called with (first row, end row, source words, codes, scales) of each encoded block."""
+"""Called with (first row, end row, source words, codes, scales, error sums) of each encoded
+block; the sums come from the C kernel's pass, or are ``None`` when the numpy kernel ran."""
 
 
 def encode_pack_grouped(
@@ -46,7 +55,7 @@ def encode_pack_grouped(
     on_block: BlockHook | None = None,
     kernel: str = "native",
 ) -> list[npt.NDArray[np.uint8]]:
-    """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales)``
+    """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
     fmt = grouped_format(fmt_name)
     check_words(words, source_dtype)
@@ -63,12 +72,15 @@ def encode_pack_grouped(
         r1 = min(n, r0 + rows)
         codes = np.empty((r1 - r0, k), dtype=np.int8)
         scales = np.empty((r1 - r0, n_groups), dtype=np.uint16)
-        encode_rows(words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor, kernel)
+        sums = encode_rows(
+            words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor, kernel,
+            with_sums=on_block is not None,
+        )  # fmt: skip
         problems = grouped_problems(fmt, codes, scales, tensor)
         if problems:  # pragma: no cover - the encoder cannot emit these; defence in depth
             raise problems[0]
         if on_block is not None:
-            on_block(r0, r1, words[r0:r1], codes, scales)
+            on_block(r0, r1, words[r0:r1], codes, scales, sums)
         packed = layout.pack(fmt, GroupedCodes(codes=codes, scales=scales))
         for plane, stride, part in zip(planes, strides, packed, strict=True):
             plane[r0 * stride : r1 * stride] = part

@@ -15,6 +15,7 @@ from parity import assert_same_encoding
 
 from ninfer_convert import encode_grouped_words
 from ninfer_convert.encoder import host
+from ninfer_convert.encoder.common import to_f32
 from ninfer_convert.encoder.corpus import boundary_corpus, failing_corpus
 from ninfer_convert.errors import EncodeError
 from ninfer_convert.formats import FORMATS
@@ -24,14 +25,21 @@ pytestmark = pytest.mark.skipif(not host.native_available(), reason="C host kern
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
 
-def _native(words: np.ndarray, source: str, fmt: str, tensor: str | None = None) -> GroupedCodes:
+def _native(
+    words: np.ndarray, source: str, fmt: str, tensor: str | None = None, with_sums: bool = False
+) -> GroupedCodes:
     entry = FORMATS[fmt]
     assert entry.group_size is not None
     n, k = words.shape
     codes = np.empty((n, k), dtype=np.int8)
     scales = np.empty((n, -(-k // entry.group_size)), dtype=np.uint16)
-    host.encode_rows(words, source, entry, 0, codes, scales, tensor, "native")
+    host.encode_rows(words, source, entry, 0, codes, scales, tensor, "native", with_sums=with_sums)
     return GroupedCodes(codes=codes, scales=scales)
+
+
+# The kernel has two value loops (codes only, and codes plus error statistics for verify); the
+# oracle tests run both.
+SUMS = pytest.mark.parametrize("with_sums", [False, True], ids=["codes", "codes+sums"])
 
 
 def test_binary16_conversion_matches_ieee_on_every_2048th_word_and_the_edges() -> None:
@@ -52,20 +60,25 @@ def test_binary16_conversion_matches_ieee_on_every_2048th_word_and_the_edges() -
     assert bad.size == 0, f"first difference at 0x{int(words[bad[0]]):08x}"
 
 
+@SUMS
 @pytest.mark.parametrize("fmt", GROUPED)
-def test_native_matches_oracle_on_the_boundary_corpus(fmt: str) -> None:
+def test_native_matches_oracle_on_the_boundary_corpus(fmt: str, with_sums: bool) -> None:
     entry = FORMATS[fmt]
     assert entry.group_size is not None
     for case, words in boundary_corpus(entry):
         ref = encode_grouped_words(words, "F32", fmt, backend="oracle")
-        assert_same_encoding(ref, _native(words, "F32", fmt), entry.group_size, case)
+        got = _native(words, "F32", fmt, with_sums=with_sums)
+        assert_same_encoding(ref, got, entry.group_size, case)
 
 
+@SUMS
 @pytest.mark.parametrize("fmt", GROUPED)
-def test_native_refuses_what_the_encoder_refuses_with_the_same_message(fmt: str) -> None:
+def test_native_refuses_what_the_encoder_refuses_with_the_same_message(
+    fmt: str, with_sums: bool
+) -> None:
     for name, words, row, group in failing_corpus(FORMATS[fmt]):
         with pytest.raises(EncodeError) as native:
-            _native(words, "F32", fmt, tensor="w")
+            _native(words, "F32", fmt, tensor="w", with_sums=with_sums)
         with pytest.raises(EncodeError) as reference:
             encode_grouped_words(words, "F32", fmt, tensor="w")
         assert str(native.value) == str(reference.value), name
@@ -79,6 +92,7 @@ def test_native_matches_oracle_on_generated_matrices(fmt: str, data: st.DataObje
     assert entry.group_size is not None
     source = data.draw(st.sampled_from(["BF16", "F16", "F32"]))
     shape = data.draw(st.tuples(st.integers(1, 3), st.integers(1, 150)))
+    with_sums = data.draw(st.booleans())
     words = data.draw(
         hnp.arrays(np.uint16 if source != "F32" else np.uint32, shape,
                    elements=st.integers(0, 0xFFFF if source != "F32" else 0xFFFFFFFF))
@@ -87,10 +101,11 @@ def test_native_matches_oracle_on_generated_matrices(fmt: str, data: st.DataObje
         ref = encode_grouped_words(words, source, fmt, backend="oracle")
     except EncodeError as exc:
         with pytest.raises(EncodeError) as native:
-            _native(words, source, fmt)
+            _native(words, source, fmt, with_sums=with_sums)
         assert str(native.value) == str(exc)
         return
-    assert_same_encoding(ref, _native(words, source, fmt), entry.group_size, source)
+    got = _native(words, source, fmt, with_sums=with_sums)
+    assert_same_encoding(ref, got, entry.group_size, source)
 
 
 @pytest.mark.parametrize("fmt", GROUPED)
@@ -105,16 +120,33 @@ def test_native_matches_numpy_on_a_large_bf16_block(fmt: str) -> None:
     assert_same_encoding(ref, _native(words, "BF16", fmt), entry.group_size)
 
 
-def test_native_error_sums_agree_with_a_binary64_reference() -> None:
+@pytest.mark.parametrize("fmt", GROUPED)
+@pytest.mark.parametrize("source", ["BF16", "F16", "F32"])
+@pytest.mark.parametrize("shape", [(7, 150), (3, 4101), (5, 8)])
+def test_native_error_sums_agree_with_a_binary64_reference(
+    fmt: str, source: str, shape: tuple[int, int]
+) -> None:
+    entry = FORMATS[fmt]
+    assert entry.group_size is not None
     rng = np.random.default_rng(8)
-    x = rng.standard_normal((7, 150)).astype(np.float32)
-    words = (x.view(np.uint32) >> 16).astype(np.uint16)
-    enc = encode_grouped_words(words, "BF16", "Q5G64_F16S")
-    sums = host.block_error_sums(words, "BF16", FORMATS["Q5G64_F16S"], enc.codes, enc.scales)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 6, size=(shape[0], 1)).astype(np.float32)
+    words: np.ndarray = {
+        "BF16": lambda: (x.view(np.uint32) >> 16).astype(np.uint16),
+        "F16": lambda: x.astype(np.float16).view(np.uint16),
+        "F32": lambda: x.view(np.uint32),
+    }[source]()
+    enc = encode_grouped_words(words, source, fmt)
+    codes = np.empty_like(enc.codes)
+    scales = np.empty_like(enc.scales)
+    sums = host.encode_rows(words, source, entry, 0, codes, scales, "t", with_sums=True)
     assert sums is not None
-    x64 = (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    s64 = np.repeat(enc.scales.view(np.float16).astype(np.float64), 64, axis=1)[:, :150]
-    e = x64 - s64 * enc.codes
-    assert sums[0] == np.abs(e).max()  # every error is exact in binary32 here
-    assert sums[1] == pytest.approx(float((e * e).sum()), rel=1e-5)
+    # Asking for the statistics never changes a code or a scale.
+    assert np.array_equal(codes, enc.codes) and np.array_equal(scales, enc.scales)
+    x32 = to_f32(words, source)
+    s32 = np.repeat(enc.scales.view(np.float16).astype(np.float32), entry.group_size, axis=1)
+    e32 = x32 - s32[:, : shape[1]] * enc.codes.astype(np.float32)  # the kernel's two operations
+    assert sums[0] == float(np.abs(e32).max())  # the maximum is exact, lanes or not
+    e64, x64 = e32.astype(np.float64), x32.astype(np.float64)
+    assert sums[1] == pytest.approx(float((e64 * e64).sum()), rel=1e-5)
     assert sums[2] == pytest.approx(float((x64 * x64).sum()), rel=1e-5)

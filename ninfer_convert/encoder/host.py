@@ -25,18 +25,13 @@ try:  # built by pip (pyproject.toml ext-modules) when a C compiler is available
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
-_stats: Any
-try:
-    from .. import _hoststats as _stats
-except ImportError:  # pragma: no cover - depends on the build
-    _stats = None
-
-if (_native is None or _stats is None) and os.environ.get(
-    "NINFER_REQUIRE_NATIVE"
-) == "1":  # pragma: no cover
+if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
     raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C host kernel was not built")
 
-__all__ = ["HOST_KERNELS", "block_error_sums", "encode_rows", "native_available"]
+__all__ = ["HOST_KERNELS", "ErrorSums", "encode_rows", "native_available"]
+
+ErrorSums = tuple[float, float, float]
+"""(max |x - x_hat|, sum of squared errors, sum of squared values) of an encoded block."""
 
 HOST_KERNELS = ("native", "numpy")
 
@@ -54,11 +49,17 @@ def encode_rows(
     scales_out: npt.NDArray[np.uint16],
     tensor: str | None,
     kernel: str = "native",
-) -> None:
-    """Encode ``words`` [n, K] (a block starting at tensor row ``row0``) into the outputs."""
+    *,
+    with_sums: bool = False,
+) -> ErrorSums | None:
+    """Encode ``words`` [n, K] (a block starting at tensor row ``row0``) into the outputs.
+
+    With ``with_sums`` the C kernel also returns the block's :data:`ErrorSums` from the same
+    pass (see ``_hostkernel.c``); ``None`` means the numpy path ran and the caller computes
+    them itself."""
     if kernel == "numpy" or _native is None:
         _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
-        return
+        return None
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     n, k = words.shape
     if source_dtype == "BF16":
@@ -67,35 +68,15 @@ def encode_rows(
         src, w = 1, to_f32(np.ascontiguousarray(words), "F16").view(np.uint32)
     else:
         src, w = 1, np.ascontiguousarray(words).view(np.uint32)
+    sums = np.zeros(3, dtype=np.float64) if with_sums else None
     result: Any = _native.encode_rows(
-        w, src, n, k, fmt.group_size, fmt.qmin, fmt.qmax, codes_out, scales_out
+        w, src, n, k, fmt.group_size, fmt.qmin, fmt.qmax, codes_out, scales_out, sums
     )
     if result is None:
-        return
+        return None if sums is None else (float(sums[0]), float(sums[1]), float(sums[2]))
     if result[0] == "nonfinite":
         r, c = int(result[1]), int(result[2])
         word = int(np.asarray(words)[r, c])
         raise nonfinite_error(tensor, row0 + r, c // fmt.group_size, c, word, source_dtype)
     r, g, raw = int(result[1]), int(result[2]), float(result[3])
     raise overflow_error(tensor, row0 + r, g, raw)
-
-
-def block_error_sums(
-    words: npt.NDArray[np.generic],
-    source_dtype: str,
-    fmt: NumericFormat,
-    codes: npt.NDArray[np.int8],
-    scales: npt.NDArray[np.uint16],
-) -> tuple[float, float, float] | None:
-    """(max |x - x_hat|, sum of squared errors, sum of squared values) of an encoded block,
-    from the C statistics module; ``None`` when it is not built (callers use numpy)."""
-    if _stats is None or source_dtype not in ("BF16", "F32"):
-        return None
-    assert fmt.group_size is not None
-    n, k = words.shape
-    src = 0 if source_dtype == "BF16" else 1
-    w = np.ascontiguousarray(words)
-    sums: tuple[float, float, float] = _stats.error_stats(
-        w, src, n, k, fmt.group_size, np.ascontiguousarray(codes), np.ascontiguousarray(scales)
-    )
-    return sums
