@@ -17,9 +17,10 @@ print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else 
 assert torch.cuda.is_available(), "no CUDA device visible to torch"
 PY
 
-# 1. IEEE behaviour of every operation used, the boundary corpus and the three-backend parity,
+# 1. IEEE behaviour of every operation used, the boundary corpus, the three-backend parity and
+#    the pinned, double-buffered chunk staging (many small chunks, errors in later chunks),
 #    on CPU and CUDA (the tests parametrize over the devices torch sees).
-python -m pytest -q tests/test_torch_ieee.py tests/test_encoder.py 2>&1 | tee "$OUT/parity-tests.txt"
+python -m pytest -q tests/test_torch_ieee.py tests/test_encoder.py tests/test_torch_staging.py 2>&1 | tee "$OUT/parity-tests.txt"
 
 # 2. The converter on CUDA must write the same bytes as on the CPU.
 rm -rf "$OUT/cpu" "$OUT/cuda"
