@@ -608,3 +608,16 @@ def test_error_statistics_against_a_binary64_reference() -> None:
         assert s.rms_error == pytest.approx(np.sqrt((e * e).mean()), rel=1e-5)
         ref = 10 * np.log10((x.astype(np.float64) ** 2).sum() / (e * e).sum())
         assert s.sqnr_db == pytest.approx(ref, abs=1e-4)
+
+
+@pytest.mark.parametrize("size", [0, 7, 8, (1 << 20) + 13])
+def test_plane_comparison_finds_a_difference_in_any_position(size: int) -> None:
+    from ninfer_convert.verify.engine import _bytes_equal
+
+    a = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    assert _bytes_equal(a, a.copy())
+    assert not _bytes_equal(a, a[: size - 1] if size else np.zeros(1, np.uint8))
+    for pos in {0, size // 2, size - 1} if size else set():
+        b = a.copy()
+        b[pos] ^= 0x01
+        assert not _bytes_equal(a, b), pos

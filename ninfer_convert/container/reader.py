@@ -10,7 +10,8 @@ Contract (docs/container.md, "Reading" and "Validation"):
   the file before anything is allocated, so a hostile file cannot cause a huge allocation.
 * The header digest is checked at open (the header is small); pass
   ``check_header_digest=False`` to open a damaged artifact anyway and collect every problem with
-  :meth:`Artifact.integrity_problems`.  Plane digests are checked only by that method.
+  :meth:`Artifact.integrity_problems`.  Plane digests are checked only by that method and by
+  :meth:`Artifact.verify_tensor` (one tensor's share of it).
 * :meth:`Artifact.read` returns the logical tensor as fresh arrays (valid after ``close``);
   :meth:`Artifact.read_rows` decodes only the requested rows of a row-split tensor.
 """
@@ -36,6 +37,7 @@ import xxhash
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
 from ..layouts import LAYOUTS, Rows, RowSplitK128
 from ..logical import GroupedCodes, LogicalTensor
+from ..readahead import read_ahead
 from .checks import check_alignment, check_placement, check_side_file_name, check_tensor_geometry
 from .schema import ArtifactMeta, Header, IndexFile, SchemaError, SideFile, TensorEntry
 from .wire import (
@@ -490,19 +492,15 @@ class Artifact:
                     v.release()
 
     def prefetch(self, name: str) -> None:
-        """Ask the kernel to start reading this tensor's planes into the page cache
-        (``madvise(WILLNEED)``); returns at once and allocates nothing.  Readers that walk the
-        tensors in order call it for the next one so cold reads overlap their work."""
+        """Start reading this tensor's planes into the page cache in the background
+        (:func:`~ninfer_convert.readahead.read_ahead`); returns at once and allocates nothing.
+        Readers that walk the tensors in order call it for the next one so cold reads overlap
+        their work."""
         info = self._info(name)
-        c = self._owner[name]
-        if c.mm is None or not info.planes or not hasattr(mmap, "MADV_WILLNEED"):
-            return
-        start = info.planes[0].offset
-        end = max(p.offset + p.nbytes for p in info.planes)
-        start -= start % mmap.PAGESIZE  # planes are aligned, but the alignment may be < a page
-        if end > start:
-            with contextlib.suppress(OSError, ValueError):
-                c.mm.madvise(mmap.MADV_WILLNEED, start, end - start)
+        if info.planes:
+            start = min(p.offset for p in info.planes)
+            end = max(p.offset + p.nbytes for p in info.planes)
+            read_ahead(self._owner[name].path, start, end - start)
 
     def plane_buffer(self, name: str, plane: str) -> memoryview:
         """A read-only view of one plane's stored bytes; valid until :meth:`close`."""
@@ -577,12 +575,14 @@ class Artifact:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def integrity_problems(self) -> list[IntegrityError]:
+    def integrity_problems(self, *, plane_digests: bool = True) -> list[IntegrityError]:
         """Check every digest and every gap byte; collect all problems rather than stop.
 
         Covers: each file's header digest, the index's per-shard digests, every plane's
         digest, zero bytes in every gap (prelude to first plane, between planes), and each
-        recorded side file's presence, size and digest.
+        recorded side file's presence, size and digest.  ``plane_digests=False`` leaves the
+        plane digests to the caller, who then calls :meth:`verify_tensor` for every tensor
+        (``verify`` does, in its per-tensor workers, so that the reads overlap other work).
         """
         problems: list[IntegrityError] = []
         for number, c in enumerate(self._containers, start=1):
@@ -612,7 +612,8 @@ class Artifact:
                 for p in t.planes:
                     problems += self._gap_problems(c, cursor, p.offset, t.name, p.name)
                     cursor = p.offset + p.nbytes
-                problems += self.verify_tensor(t.name)
+                if plane_digests:
+                    problems += self.verify_tensor(t.name)
         problems += self._side_file_problems()
         return problems
 

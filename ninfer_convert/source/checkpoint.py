@@ -37,6 +37,7 @@ import numpy.typing as npt
 import xxhash
 
 from ..errors import SourceError
+from ..readahead import read_ahead
 from .header import DTYPES, SafetensorsHeader, loads_strict_json, parse_header
 from .hf_cache import looks_like_repo_id, resolve_cached_repo
 
@@ -176,25 +177,13 @@ class SourceCheckpoint:
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Start reading these tensors' bytes into the page cache in the background
-        (``posix_fadvise(WILLNEED)``): no memory is allocated and nothing waits.  Converters
-        call it for the next tensors so a cold read overlaps the current tensor's encoding."""
-        advise = getattr(os, "posix_fadvise", None)
-        if advise is None:  # pragma: no cover - not on Linux
-            return
+        (:func:`~ninfer_convert.readahead.read_ahead`): no memory is allocated and nothing
+        waits.  Converters call it for the next tensors so a cold read overlaps the current
+        tensor's encoding."""
         for name in names:
             info = self.tensors.get(name)
-            if info is None or info.nbytes == 0:
-                continue
-            try:
-                fd = os.open(self._root / info.file, os.O_RDONLY)
-            except OSError:
-                continue  # read() reports the problem with context
-            try:
-                advise(fd, info.offset, info.nbytes, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if info is not None and info.nbytes:
+                read_ahead(self._root / info.file, info.offset, info.nbytes)
 
     def read(self, name: str) -> SourceArray:
         """Read one tensor bit-exactly (see the module contract)."""

@@ -56,6 +56,7 @@ from ..errors import ArtifactError, NinferError, SourceError, UsageError
 from ..formats import MAXABS_F16_RECIP_RNE_V1, Category, lookup_format
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
+from ..readahead import ReadAheadWindow
 from ..validate import logical_problems
 from .compare import BlockStats, compare_logical, error_stats, oracle_sample
 from .report import (
@@ -88,6 +89,10 @@ DEFAULT_SEED = 0x5EED
 """Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
 _MIN_INFLIGHT_BYTES = 256 << 20
 """Bytes in flight below which jobs never wait for each other (convert's budget rule)."""
+_READ_AHEAD_BYTES = 256 << 20
+"""Stored plus source bytes requested ahead of the tensor a worker starts (page cache only).
+Deeper is not better: read-ahead queued in front of the workers' own page faults delays them
+(1 GiB: 4.1-4.2 s on the 2.2 GB benchmark, cold; 256 MiB: 3.7-4.1 s)."""
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -158,6 +163,7 @@ def _source_exists(spec: str) -> bool:
 @dataclass
 class _TensorOutcome:
     name: str
+    integrity: list[Finding] = field(default_factory=list)
     values: list[Finding] = field(default_factory=list)
     identity: list[Finding] = field(default_factory=list)
     words: list[Finding] = field(default_factory=list)
@@ -180,6 +186,22 @@ class _SourceContext:
     seed: int
 
 
+_COMPARE_WORDS = 1 << 17
+"""64-bit words compared per step (1 MiB): the comparison's boolean temporary stays in cache
+instead of being a fresh allocation the size of the plane (2.5x faster on 300 MB)."""
+
+
+def _bytes_equal(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
+    if a.size != b.size:
+        return False
+    whole = a.size // 8 * 8
+    a64, b64 = a[:whole].view(np.uint64), b[:whole].view(np.uint64)
+    for i in range(0, a64.size, _COMPARE_WORDS):
+        if not np.array_equal(a64[i : i + _COMPARE_WORDS], b64[i : i + _COMPARE_WORDS]):
+            return False
+    return bool(np.array_equal(a[whole:], b[whole:]))
+
+
 def _stored_equals(art: Artifact, name: str, planes: list[npt.NDArray[np.uint8]]) -> bool:
     """True when every stored plane of ``name`` equals ``planes`` byte for byte."""
     info = art.tensors[name]
@@ -187,7 +209,7 @@ def _stored_equals(art: Artifact, name: str, planes: list[npt.NDArray[np.uint8]]
         view = art.plane_buffer(name, plane.name)
         try:
             stored = np.frombuffer(view, dtype=np.uint8)
-            same = stored.size == packed.size and bool(np.array_equal(stored, packed))
+            same = _bytes_equal(stored, packed)
             del stored
         finally:
             view.release()
@@ -649,10 +671,13 @@ def verify_artifact(
 
         t0 = time.perf_counter()
         emit("integrity", 0, total_bytes)
-        integrity = [Finding.of("integrity", e) for e in art.integrity_problems()]
+        # Header, index, gap and side-file digests here; each tensor's plane digests are
+        # checked by the worker that re-derives it, so those reads overlap the encoding.
+        integrity = [
+            Finding.of("integrity", e) for e in art.integrity_problems(plane_digests=False)
+        ]
         timings["integrity"] = time.perf_counter() - t0
         emit("integrity", total_bytes, total_bytes)
-        results.append(CheckResult("integrity", _status(integrity), len(names), tuple(integrity)))
 
         t0 = time.perf_counter()
         emit("padding", 0, len(names))
@@ -676,6 +701,12 @@ def verify_artifact(
         if prepared.ctx is not None:
             prepared.identity += _unused_source_digests(prepared.ctx, art)
         timings["tensors"] = time.perf_counter() - t0
+
+    # Stored order: file-level findings first, then each tensor's gaps and plane digests.
+    order = {n: i for i, n in enumerate(names)}
+    integrity += [f for o in outcomes for f in o.integrity]
+    integrity.sort(key=lambda f: -1 if f.tensor is None else order.get(f.tensor, -1))
+    results.insert(1, CheckResult("integrity", _status(integrity), len(names), tuple(integrity)))
 
     values = [f for o in outcomes for f in o.values]
     results.append(CheckResult("values", _status(values), len(names), tuple(values)))
@@ -771,24 +802,30 @@ def _run_tensors(
 
     position = {n: i for i, n in enumerate(names)}
 
-    def prefetch_next(name: str) -> None:
-        # Start the cold reads of the next tensor (stored planes and source) now, so they
-        # overlap this tensor's re-encoding, as convert does for its source.
-        i = position[name] + 1
-        if i >= total:
-            return
-        following = names[i]
-        art.prefetch(following)
-        entry = ctx.entries.get(following) if ctx is not None else None
+    def stored_and_source_bytes(name: str) -> int:
+        entry = ctx.entries.get(name) if ctx is not None else None
+        return art.tensors[name].nbytes + (entry.source_bytes if entry is not None else 0)
+
+    def prefetch(name: str) -> None:
+        art.prefetch(name)
+        entry = ctx.entries.get(name) if ctx is not None else None
         if ctx is not None and entry is not None:
             ctx.source.prefetch(s.name for s in entry.sources)
+
+    # Cold reads (stored planes and source) of the tensors ahead overlap the re-encoding, as
+    # convert does for its source; page cache only, so the window costs no process memory.
+    ahead = ReadAheadWindow(names, stored_and_source_bytes, prefetch, _READ_AHEAD_BYTES)
 
     def work(name: str) -> _TensorOutcome:
         nonlocal done
         budget.acquire(costs[name])
-        prefetch_next(name)
+        ahead.started(position[name])
         try:
+            # The digests first: they read the stored planes from disk, and the comparison
+            # right after finds them in the page cache.
+            digests = [Finding.of("integrity", e) for e in art.verify_tensor(name)]
             result = _check_tensor(art, name, ctx)
+            result.integrity = digests
         finally:
             budget.release(costs[name])
         with lock:

@@ -1,0 +1,68 @@
+"""Read-ahead requests: chunked WILLNEED advice in order, and the window that feeds it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ninfer_convert import readahead
+from ninfer_convert.readahead import CHUNK, ReadAheadWindow
+
+
+def test_window_requests_in_order_within_the_byte_limit() -> None:
+    sizes = [100, 50, 50, 50, 300, 10]
+    asked: list[int] = []
+    window = ReadAheadWindow(list(range(len(sizes))), sizes.__getitem__, asked.append, 200)
+    window.started(0)
+    assert asked == [0, 1, 2]  # 100 + 50 + 50 = 200: the limit counts from the started item
+    window.started(1)
+    assert asked == [0, 1, 2, 3]  # 50 + 50 + 50 = 150; item 4 (300) would overflow
+    window.started(3)
+    assert asked == [0, 1, 2, 3, 4]  # the next item is always requested, whatever its size
+    window.started(5)
+    assert asked == [0, 1, 2, 3, 4, 5]
+    window.started(4)
+    assert asked == [0, 1, 2, 3, 4, 5]  # never twice
+
+
+def test_window_is_safe_to_call_from_many_threads() -> None:
+    asked: list[int] = []
+    items = list(range(200))
+    window = ReadAheadWindow(items, lambda i: 1, asked.append, 8)
+    threads = [
+        threading.Thread(target=lambda k=k: [window.started(i) for i in range(k, 200, 4)])
+        for k in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(asked) == asked == items
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
+def test_read_ahead_advises_the_whole_range_in_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"\0" * (3 * CHUNK + 5))
+    calls: list[tuple[int, int, int]] = []
+    done = threading.Event()
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        calls.append((offset, length, advice))
+        if offset + length >= 3 * CHUNK + 5:
+            done.set()
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    readahead.read_ahead(tmp_path / "missing.bin", 0, 10)  # ignored: the real read reports it
+    readahead.read_ahead(path, 7, 3 * CHUNK - 2)
+    assert done.wait(5.0)
+    assert calls == [
+        (7, CHUNK, os.POSIX_FADV_WILLNEED),
+        (7 + CHUNK, CHUNK, os.POSIX_FADV_WILLNEED),
+        (7 + 2 * CHUNK, CHUNK - 2, os.POSIX_FADV_WILLNEED),
+    ]
