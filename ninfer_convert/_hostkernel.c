@@ -20,11 +20,11 @@
  * statistics of the block: (max |e|, sum e^2, sum x^2) with e = x - s32 * q, the exact
  * reconstruction error of every value (s32 * q is exact: an 8-bit integer times an 11-bit
  * significand).  The codes are computed by the same statements either way; the statistics
- * only add operations after them.  The sums are kept in LANES independent binary32
- * accumulators, added into binary64 lanes every STATS_FLUSH groups and at the end of each row
- * (at most 8 x 64 / 8 = 64 binary32 additions per lane): a fixed order of IEEE operations, so
- * they vectorise without -ffast-math and are reproducible, and they differ from an exact sum
- * by a relative 64 x 2^-24 (4e-6) at most.
+ * only add operations after them, in one pass over each encoded row (ROW_STATS).  The sums
+ * are kept in LANES independent binary32 accumulators, added into binary64 lanes every
+ * STATS_FLUSH steps (at most 64 binary32 additions per lane): a fixed order of IEEE operations,
+ * so they vectorise without -ffast-math and are reproducible, and each binary32 partial sum is
+ * within a relative 64 x 2^-24 (4e-6) of its exact value.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -77,59 +77,68 @@ static PyObject *refusal_nonfinite(Py_ssize_t row, Py_ssize_t col) {
         q = (q + magic) - magic;                                                               \
         c[i] = (int8_t)(int)q;                                                                 \
     } while (0)
-/* The same, also keeping the rounded code as binary32 for the statistics. */
+/* The same, also keeping the rounded code as binary32 (a row buffer) for the statistics. */
 #define QUANT_KEEP(X)                                                                          \
     do {                                                                                       \
         float q = (X) * inv;                                                                   \
         q = q < lo ? lo : (q > hi ? hi : q);                                                   \
         q = (q + magic) - magic;                                                               \
         c[i] = (int8_t)(int)q;                                                                 \
-        qf[i - a] = q;                                                                         \
+        qf[i] = q;                                                                             \
     } while (0)
 
-#define LANES 8
-#define STATS_FLUSH 8 /* groups summed in binary32 lanes before they are added in binary64 */
-/* Statistics of one group [a, b) whose rounded codes (as binary32) are in qf: e = x - s32 * q.
+/* Statistics of one encoded row: e = x - s32 * q for every value, from the row's rounded codes
+ * (qf, binary32) and group scales (sf, binary32; 0 for an all-zero group, whose qf are 0).
  * Written with GCC vector extensions so that it is vector code without -ffast-math: every
  * lane is its own sequence of IEEE operations (no reassociation is needed), and the maximum
  * is taken on the bits of |e| (for non-negative binary32 values, integer order is numeric
- * order), which needs no NaN or signed-zero assumptions. */
+ * order), which needs no NaN or signed-zero assumptions.  With G a multiple of LANES no
+ * 8-value step straddles two groups; otherwise every value takes the one-lane path. */
+#define LANES 8
+#define STATS_FLUSH 64 /* 8-value steps summed in binary32 lanes before binary64 */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef double v8d __attribute__((vector_size(64)));
 
-#define STATS_GROUP(LOAD8, LOAD1)                                                              \
+#define ROW_STATS(LOAD8, LOAD1)                                                                \
     do {                                                                                       \
-        v8f s8 = s32 + (v8f){0};                                                               \
-        Py_ssize_t j = a;                                                                      \
-        for (; j + LANES <= b; j += LANES) {                                                   \
-            v8f x;                                                                             \
-            v8f q8;                                                                            \
-            LOAD8;                                                                             \
-            memcpy(&q8, qf + (j - a), sizeof q8);                                              \
-            v8f e = x - s8 * q8;                                                               \
-            v8i ae = (v8i)e & 0x7FFFFFFF;                                                      \
-            v8i more = ae > gmax;                                                              \
-            gmax = (ae & more) | (gmax & ~more);                                               \
-            se8 += e * e;                                                                      \
-            sx8 += x * x;                                                                      \
-        }                                                                                      \
-        for (; j < b; j++) { /* a partial group's tail, in lane 0 */                           \
-            float x1 = LOAD1;                                                                  \
-            float e1 = x1 - s32 * qf[j - a];                                                   \
-            int32_t ae1 = (int32_t)(bits_from_f32(e1) & 0x7FFFFFFFu);                          \
-            gmax[0] = ae1 > gmax[0] ? ae1 : gmax[0];                                           \
-            se8[0] += e1 * e1;                                                                 \
-            sx8[0] += x1 * x1;                                                                 \
-        }                                                                                      \
-        if (++pending == STATS_FLUSH || g == groups - 1) {                                     \
+        Py_ssize_t j = 0, gi = 0, gend = group;                                                \
+        v8f s8 = sf[0] + (v8f){0};                                                             \
+        const Py_ssize_t vec_end = group % LANES == 0 ? k - k % LANES : 0;                     \
+        while (j < vec_end) {                                                                  \
+            v8f se8 = {0}, sx8 = {0};                                                          \
+            for (int step = 0; step < STATS_FLUSH && j < vec_end; step++, j += LANES) {        \
+                if (j >= gend) {                                                               \
+                    gi++;                                                                      \
+                    gend += group;                                                             \
+                    s8 = sf[gi] + (v8f){0};                                                    \
+                }                                                                              \
+                v8f x, q8;                                                                     \
+                LOAD8;                                                                         \
+                memcpy(&q8, qf + j, sizeof q8);                                                \
+                v8f e = x - s8 * q8;                                                           \
+                v8i ae = (v8i)e & 0x7FFFFFFF;                                                  \
+                v8i more = ae > gmax;                                                          \
+                gmax = (ae & more) | (gmax & ~more);                                           \
+                se8 += e * e;                                                                  \
+                sx8 += x * x;                                                                  \
+            }                                                                                  \
             dse += __builtin_convertvector(se8, v8d);                                          \
             dsx += __builtin_convertvector(sx8, v8d);                                          \
-            se8 = (v8f){0};                                                                    \
-            sx8 = (v8f){0};                                                                    \
-            pending = 0;                                                                       \
+        }                                                                                      \
+        for (; j < k; j++) { /* the rest, in lane 0 */                                         \
+            if (j >= gend) {                                                                   \
+                gi = j / group;                                                                \
+                gend = (gi + 1) * group;                                                       \
+            }                                                                                  \
+            float x1 = LOAD1;                                                                  \
+            float e1 = x1 - sf[gi] * qf[j];                                                    \
+            int32_t ae1 = (int32_t)(bits_from_f32(e1) & 0x7FFFFFFFu);                          \
+            gmax[0] = ae1 > gmax[0] ? ae1 : gmax[0];                                           \
+            dse[0] += (double)(e1 * e1);                                                       \
+            dsx[0] += (double)(x1 * x1);                                                       \
         }                                                                                      \
     } while (0)
 
@@ -142,13 +151,12 @@ __attribute__((target_clones("avx2", "default")))
 static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py_ssize_t n,
                         Py_ssize_t k, int group, Py_ssize_t groups, float lo, float hi,
                         float qmaxf, int8_t *out, uint16_t *sc, Py_ssize_t *bad_row_out,
-                        Py_ssize_t *bad_col_out, float *bad_raw_out, double *stats, float *qf) {
+                        Py_ssize_t *bad_col_out, float *bad_raw_out, double *stats, float *qf,
+                        float *sf) {
     const float magic = 12582912.0f; /* 1.5 * 2^23 */
     int kind = 0; /* 0 ok, 1 non-finite, 2 overflow */
     v8i gmax = {0}; /* bits of the largest |e| per lane */
-    v8f se8 = {0}, sx8 = {0};
     v8d dse = {0}, dsx = {0};
-    int pending = 0;
     Py_ssize_t bad_row = 0, bad_col = 0;
     float bad_raw = 0.0f;
     for (Py_ssize_t r = 0; r < n && !kind; r++) {
@@ -187,6 +195,10 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
             if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes */
                 sc[r * groups + g] = 0;
                 memset(c + a, 0, (size_t)(b - a));
+                if (stats != NULL) {
+                    sf[g] = 0.0f;
+                    memset(qf + a, 0, (size_t)(b - a) * sizeof(float));
+                }
                 continue;
             }
             float raw = f32_from_bits(amax_bits) / qmaxf;
@@ -205,14 +217,22 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
             } else if (source == 0) {
                 const uint16_t *p = w16 + r * k;
                 for (Py_ssize_t i = a; i < b; i++) QUANT_KEEP(f32_from_bits((uint32_t)p[i] << 16));
-                STATS_GROUP(v8u16 h; memcpy(&h, p + j, sizeof h);
-                            x = (v8f)(__builtin_convertvector(h, v8u) << 16),
-                            f32_from_bits((uint32_t)p[j] << 16));
+                sf[g] = s32;
             } else {
                 const uint32_t *p = w32 + r * k;
                 for (Py_ssize_t i = a; i < b; i++) QUANT_KEEP(f32_from_bits(p[i]));
-                STATS_GROUP(memcpy(&x, p + j, sizeof x), f32_from_bits(p[j]));
+                sf[g] = s32;
             }
+        }
+        if (stats == NULL || kind) continue;
+        if (source == 0) {
+            const uint16_t *p = w16 + r * k;
+            ROW_STATS(v8u16 h; memcpy(&h, p + j, sizeof h);
+                      x = (v8f)(__builtin_convertvector(h, v8u) << 16),
+                      f32_from_bits((uint32_t)p[j] << 16));
+        } else {
+            const uint32_t *p = w32 + r * k;
+            ROW_STATS(memcpy(&x, p + j, sizeof x), f32_from_bits(p[j]));
         }
     }
     if (stats != NULL) {
@@ -256,8 +276,10 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         return NULL;
     }
     double *st = (double *)stats.buf;
-    /* One group's rounded codes as binary32, for the statistics (allocated with the GIL). */
-    float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)group * sizeof(float)) : NULL;
+    /* One row's rounded codes and group scales as binary32, for the statistics (allocated
+     * while holding the GIL, as PyMem_Malloc requires). */
+    float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)(k + groups) * sizeof(float)) : NULL;
+    float *sf = qf != NULL ? qf + k : NULL;
     if (st != NULL && qf == NULL) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         PyBuffer_Release(&stats);
@@ -274,7 +296,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
 
     Py_BEGIN_ALLOW_THREADS
     kind = encode_block(w16, w32, source, n, k, group, groups, lo, hi, qmaxf, out, sc, &bad_row,
-                        &bad_col, &bad_raw, st, qf);
+                        &bad_col, &bad_raw, st, qf, sf);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
