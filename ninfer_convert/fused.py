@@ -2,7 +2,9 @@
 
 Contract: :func:`encode_pack_grouped` returns exactly the planes that
 ``lookup_layout(fmt.layout).pack(fmt, encode_grouped_words(words, ...))`` returns, byte for byte
-(tests compare the two), while never materialising the whole-tensor code array.
+(tests compare the two), while never materialising the whole-tensor code array;
+:func:`equals_packed_grouped` decides whether those planes equal stored ones without building
+them.
 
 Why: ``row-split-k128-v1`` stores every plane row-major with a fixed byte stride per row, so a
 block of consecutive rows maps to one contiguous slice of each plane.  Encoding and packing one
@@ -14,6 +16,7 @@ are checked per block on the codes and scales before they are packed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,11 +26,11 @@ import numpy.typing as npt
 from .encoder.common import check_words, grouped_format
 from .encoder.host import ErrorSums, encode_rows
 from .encoder.numpy_backend import CHUNK_ELEMENTS
-from .layouts import lookup_layout
+from .layouts import PlaneSpec, lookup_layout
 from .logical import GroupedCodes
 from .validate import grouped_problems
 
-__all__ = ["BlockHook", "encode_pack_grouped"]
+__all__ = ["BlockHook", "BlockSink", "encode_pack_grouped", "equals_packed_grouped"]
 
 BlockHook = Callable[
     [
@@ -44,6 +47,10 @@ BlockHook = Callable[
 block; the sums come from the C kernel's pass, or are ``None`` when the numpy kernel ran."""
 
 
+BlockSink = Callable[[int, int, list[npt.NDArray[np.uint8]]], None]
+"""Receives (first row, end row, the block's slice of every plane) of each packed block."""
+
+
 def encode_pack_grouped(
     words: npt.NDArray[np.generic],
     source_dtype: str,
@@ -57,14 +64,78 @@ def encode_pack_grouped(
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
+    specs, strides = _plane_geometry(words, source_dtype, fmt_name)
+    planes = [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
+
+    def store(r0: int, r1: int, packed: list[npt.NDArray[np.uint8]]) -> None:
+        for plane, stride, part in zip(planes, strides, packed, strict=True):
+            plane[r0 * stride : r1 * stride] = part
+
+    _run_blocks(words, source_dtype, fmt_name, store, tensor, threads, chunk_elements, on_block,
+                kernel)  # fmt: skip
+    return planes
+
+
+def equals_packed_grouped(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt_name: str,
+    stored: list[npt.NDArray[np.uint8]],
+    *,
+    tensor: str | None = None,
+    threads: int = 2,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    on_block: BlockHook | None = None,
+    kernel: str = "native",
+) -> bool:
+    """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
+    building the planes: each packed block is compared with its slice of ``stored`` while it
+    is in cache (verify's fast path; tests check it agrees with the comparison of whole planes).
+    Every block is still encoded (``on_block`` sees them all) whatever the outcome."""
+    specs, strides = _plane_geometry(words, source_dtype, fmt_name)
+    if [int(p.size) for p in stored] != [spec.nbytes for spec in specs]:
+        _run_blocks(words, source_dtype, fmt_name, lambda r0, r1, packed: None, tensor, threads,
+                    chunk_elements, on_block, kernel)  # fmt: skip
+        return False
+    differs = threading.Event()
+
+    def compare(r0: int, r1: int, packed: list[npt.NDArray[np.uint8]]) -> None:
+        for plane, stride, part in zip(stored, strides, packed, strict=True):
+            if not np.array_equal(plane[r0 * stride : r1 * stride], part):
+                differs.set()
+
+    _run_blocks(words, source_dtype, fmt_name, compare, tensor, threads, chunk_elements,
+                on_block, kernel)  # fmt: skip
+    return not differs.is_set()
+
+
+def _plane_geometry(
+    words: npt.NDArray[np.generic], source_dtype: str, fmt_name: str
+) -> tuple[list[PlaneSpec], list[int]]:
+    """The layout's planes for ``words`` and each plane's bytes per row (checked input)."""
     fmt = grouped_format(fmt_name)
     check_words(words, source_dtype)
+    n, k = words.shape
+    specs = lookup_layout(fmt.layout).planes(fmt, (n, k))
+    return specs, [spec.nbytes // n if n else 0 for spec in specs]
+
+
+def _run_blocks(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt_name: str,
+    sink: BlockSink,
+    tensor: str | None,
+    threads: int,
+    chunk_elements: int,
+    on_block: BlockHook | None,
+    kernel: str,
+) -> None:
+    """Encode, check and pack ``words`` one row block at a time; ``sink`` gets each block."""
+    fmt = grouped_format(fmt_name)
     assert fmt.group_size is not None
     n, k = words.shape
     layout = lookup_layout(fmt.layout)
-    specs = layout.planes(fmt, (n, k))
-    strides = [spec.nbytes // n for spec in specs]
-    planes = [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     n_groups = -(-k // fmt.group_size)
     rows = max(1, chunk_elements // k)
 
@@ -81,9 +152,7 @@ def encode_pack_grouped(
             raise problems[0]
         if on_block is not None:
             on_block(r0, r1, words[r0:r1], codes, scales, sums)
-        packed = layout.pack(fmt, GroupedCodes(codes=codes, scales=scales))
-        for plane, stride, part in zip(planes, strides, packed, strict=True):
-            plane[r0 * stride : r1 * stride] = part
+        sink(r0, r1, [np.asarray(p) for p in layout.pack(fmt, GroupedCodes(codes, scales))])
 
     starts = range(0, n, rows)
     if threads <= 1 or len(starts) == 1:
@@ -92,4 +161,3 @@ def encode_pack_grouped(
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(block, starts))
-    return planes

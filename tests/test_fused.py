@@ -8,7 +8,7 @@ import pytest
 from ninfer_convert import encode_grouped_words
 from ninfer_convert.errors import EncodeError
 from ninfer_convert.formats import FORMATS
-from ninfer_convert.fused import encode_pack_grouped
+from ninfer_convert.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.layouts import lookup_layout
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
@@ -40,3 +40,31 @@ def test_fused_path_reports_the_global_row_of_a_non_finite_value() -> None:
     words[41, 9] = 0xFF80  # BF16 -inf
     with pytest.raises(EncodeError, match="row 41, column 9"):
         encode_pack_grouped(words, "BF16", "Q4G64_F16S", tensor="w", chunk_elements=640)
+
+
+@pytest.mark.parametrize("fmt", GROUPED)
+@pytest.mark.parametrize(("n", "k"), [(7, 200), (40, 384)])
+def test_block_comparison_agrees_with_comparing_whole_planes(fmt: str, n: int, k: int) -> None:
+    rng = np.random.default_rng(n + k)
+    words = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    planes = encode_pack_grouped(words, "BF16", fmt)
+    seen: list[int] = []
+
+    def equals(stored: list[np.ndarray]) -> bool:
+        seen.clear()
+        return equals_packed_grouped(
+            words, "BF16", fmt, stored, threads=2, chunk_elements=3 * k,
+            on_block=lambda r0, r1, *_: seen.append(r0),
+        )  # fmt: skip
+
+    assert equals([p.copy() for p in planes])
+    assert sorted(seen) == list(range(0, n, 3))  # every block encoded, each once
+    for i, plane in enumerate(planes):
+        for pos in (0, plane.size // 2, plane.size - 1):
+            stored = [p.copy() for p in planes]
+            stored[i][pos] ^= 0x10
+            assert not equals(stored), (i, pos)
+            assert sorted(seen) == list(range(0, n, 3))  # a difference does not stop encoding
+        shorter = [p.copy() for p in planes]
+        shorter[i] = shorter[i][:-1]
+        assert not equals(shorter)

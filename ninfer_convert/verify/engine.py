@@ -40,8 +40,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -70,7 +71,8 @@ from .report import (
 )
 
 if TYPE_CHECKING:  # imported lazily at run time (recipe and source pull in more)
-    from ..recipe import Plan, PlanEntry
+    from ..convert import PackedTensor
+    from ..recipe import EncodeInput, Plan, PlanEntry
     from ..source import SourceCheckpoint
 
 __all__ = [
@@ -202,6 +204,20 @@ def _bytes_equal(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
     return bool(np.array_equal(a[whole:], b[whole:]))
 
 
+@contextmanager
+def _stored_planes(art: Artifact, name: str) -> Iterator[list[npt.NDArray[np.uint8]]]:
+    """The stored planes of ``name`` as read-only byte arrays over the mapping, released on
+    exit (the caller must not keep them)."""
+    views = [art.plane_buffer(name, p.name) for p in art.tensors[name].planes]
+    arrays = [np.frombuffer(v, dtype=np.uint8) for v in views]
+    try:
+        yield arrays
+    finally:
+        arrays.clear()
+        for view in views:
+            view.release()
+
+
 def _stored_equals(art: Artifact, name: str, planes: list[npt.NDArray[np.uint8]]) -> bool:
     """True when every stored plane of ``name`` equals ``planes`` byte for byte."""
     info = art.tensors[name]
@@ -250,15 +266,34 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
     if ctx is None or entry is None:  # no source, or reported once by the inventory check
         _read_and_check_values(art, name, out)
         return out
-    from ..convert import derive_packed  # the one derivation convert writes
+    from ..convert import derive_packed, host_grouped_equals  # convert's own derivation
 
-    # On the host, grouped tensors are re-encoded block by block; the statistics are taken from
-    # each block while it is in cache instead of in a second pass over the tensor.
+    # On the host, grouped tensors are re-encoded and packed block by block and each block is
+    # compared with its slice of the stored planes while it is in cache; the statistics come
+    # from the same pass.  Only a tensor that differs is derived whole, to locate differences.
     acc = BlockStats(fmt, name, entry.source_dtype) if fmt.category is Category.GROUPED else None
+    packed: PackedTensor | None = None
+    equal: bool | None = None
+    enc: EncodeInput | None
     try:
-        packed = derive_packed(
-            entry, ctx.source, device=ctx.device, threads=ctx.threads, on_block=acc
-        )
+        if fmt.is_grouped and ctx.device == "cpu":
+            with _stored_planes(art, name) as stored_planes:
+                equal, digests, enc = host_grouped_equals(
+                    entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc
+                )
+        else:
+            packed = derive_packed(
+                entry, ctx.source, device=ctx.device, threads=ctx.threads, on_block=acc
+            )
+            digests, enc = dict(packed.source_digests), packed.encode_input
+        if _digest_findings(ctx, entry, digests, out):
+            _read_and_check_values(art, name, out)
+            return out
+        if equal is None:
+            assert packed is not None
+            equal = _stored_equals(art, name, packed.planes)
+        elif not equal:
+            packed = derive_packed(entry, ctx.source, device=ctx.device, threads=ctx.threads)
     except NinferError as exc:
         _read_and_check_values(art, name, out)
         changed = _changed_sources(ctx, entry, out)
@@ -274,21 +309,19 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
                 )
             )
         return out
-    if _digest_findings(ctx, entry, dict(packed.source_digests), out):
-        _read_and_check_values(art, name, out)
-        return out
     out.compared = True
-    enc = packed.encode_input
     if enc is not None and tuple(enc.words.shape) != tuple(info.shape):
         enc = None  # not in the tensor's logical coordinates: no oracle, no statistics
     found: LogicalTensor | Callable[[list[int]], GroupedCodes]
-    if _stored_equals(art, name, packed.planes):
+    if equal:
         # The stored planes are the re-derived ones, which the producer path validated, so
         # the value check holds and only the oracle's sampled rows ever need decoding.
-        found = packed.logical if packed.logical is not None else partial(art.read_rows, name)
+        logical = packed.logical if packed is not None else None
+        found = logical if logical is not None else partial(art.read_rows, name)
         if acc is not None and acc.parts and enc is not None:
             out.stats = acc.finish()
     else:
+        assert packed is not None
         stored = _read_and_check_values(art, name, out)
         if stored is None:
             return out
