@@ -42,7 +42,7 @@ from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
 from .formats import lookup_format
-from .fused import BlockHook, encode_pack_grouped, equals_packed_grouped
+from .fused import BlockHook, Digest, encode_pack_grouped, equals_packed_grouped
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
@@ -320,17 +320,20 @@ def host_grouped_equals(
     *,
     threads: int = 2,
     on_block: BlockHook | None = None,
+    digests: list[Digest] | None = None,
 ) -> tuple[bool, dict[str, str], EncodeInput]:
     """Whether ``derive_packed(entry, source, device="cpu").planes`` equals ``stored`` byte for
     byte, decided block by block without building the planes (the same materialize and the
     same fused encode-and-pack); returns (equal, source digests, encoder input).  For a
-    grouped entry only; ``verify`` calls :func:`derive_packed` to locate differences."""
+    grouped entry only; ``verify`` calls :func:`derive_packed` to locate differences.
+    ``digests`` are fed the stored planes on the way (see :func:`~.fused.equals_packed_grouped`)
+    once the source has been read; an exception leaves them incomplete."""
     m = materialize(entry, source)
     if not isinstance(m.value, EncodeInput):  # pragma: no cover - plan invariant
         raise EncodeError("grouped entry without encoder input", tensor=entry.output)
     equal = equals_packed_grouped(
         m.value.words, m.value.source_dtype, entry.format, stored, tensor=entry.output,
-        threads=threads, on_block=on_block,
+        threads=threads, on_block=on_block, digests=digests,
     )  # fmt: skip
     return equal, dict(m.source_digests), m.value
 

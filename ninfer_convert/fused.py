@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,7 @@ from .layouts import PlaneSpec, lookup_layout
 from .logical import GroupedCodes
 from .validate import grouped_problems
 
-__all__ = ["BlockHook", "BlockSink", "encode_pack_grouped", "equals_packed_grouped"]
+__all__ = ["BlockHook", "BlockSink", "Digest", "encode_pack_grouped", "equals_packed_grouped"]
 
 BlockHook = Callable[
     [
@@ -76,6 +77,10 @@ def encode_pack_grouped(
     return planes
 
 
+class Digest(Protocol):
+    def update(self, data: npt.NDArray[np.uint8], /) -> None: ...
+
+
 def equals_packed_grouped(
     words: npt.NDArray[np.generic],
     source_dtype: str,
@@ -86,26 +91,49 @@ def equals_packed_grouped(
     threads: int = 2,
     chunk_elements: int = CHUNK_ELEMENTS,
     on_block: BlockHook | None = None,
+    digests: list[Digest] | None = None,
     kernel: str = "native",
 ) -> bool:
     """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
     building the planes: each packed block is compared with its slice of ``stored`` while it
     is in cache (verify's fast path; tests check it agrees with the comparison of whole planes).
-    Every block is still encoded (``on_block`` sees them all) whatever the outcome."""
+    Every block is still encoded (``on_block`` sees them all) whatever the outcome, and
+    ``digests`` (one per stored plane, optional) are fed every stored byte in plane order, the
+    slices of each block as soon as the blocks before it are done, so the stored bytes are read
+    from memory once for both the comparison and the digest."""
     specs, strides = _plane_geometry(words, source_dtype, fmt_name)
+    if digests is not None and len(digests) != len(stored):
+        raise ValueError("one digest per stored plane")
     if [int(p.size) for p in stored] != [spec.nbytes for spec in specs]:
         _run_blocks(words, source_dtype, fmt_name, lambda r0, r1, packed: None, tensor, threads,
                     chunk_elements, on_block, kernel)  # fmt: skip
+        for digest, plane in zip(digests or [], stored, strict=False):
+            digest.update(plane)
         return False
     differs = threading.Event()
+    lock = threading.Lock()
+    done: dict[int, int] = {}  # first row -> end row of compared blocks not yet digested
+    digested = 0  # rows [0, digested) of every plane are in the digests
 
     def compare(r0: int, r1: int, packed: list[npt.NDArray[np.uint8]]) -> None:
+        nonlocal digested
         for plane, stride, part in zip(stored, strides, packed, strict=True):
             if not np.array_equal(plane[r0 * stride : r1 * stride], part):
                 differs.set()
+        if digests is None:
+            return
+        with lock:  # digests need the bytes in order; blocks finish in any order
+            done[r0] = r1
+            while digested in done:
+                end = done.pop(digested)
+                for digest, plane, stride in zip(digests, stored, strides, strict=True):
+                    digest.update(plane[digested * stride : end * stride])
+                digested = end
 
     _run_blocks(words, source_dtype, fmt_name, compare, tensor, threads, chunk_elements,
                 on_block, kernel)  # fmt: skip
+    for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
+        digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
     return not differs.is_set()
 
 

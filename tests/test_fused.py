@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xxhash
 
 from ninfer_convert import encode_grouped_words
 from ninfer_convert.errors import EncodeError
@@ -52,10 +53,16 @@ def test_block_comparison_agrees_with_comparing_whole_planes(fmt: str, n: int, k
 
     def equals(stored: list[np.ndarray]) -> bool:
         seen.clear()
-        return equals_packed_grouped(
+        digests = [xxhash.xxh3_128() for _ in stored]
+        same = equals_packed_grouped(
             words, "BF16", fmt, stored, threads=2, chunk_elements=3 * k,
-            on_block=lambda r0, r1, *_: seen.append(r0),
+            on_block=lambda r0, r1, *_: seen.append(r0), digests=digests,
         )  # fmt: skip
+        # The digests saw every stored byte, in order, whatever the outcome.
+        assert [d.hexdigest() for d in digests] == [
+            xxhash.xxh3_128_hexdigest(p.tobytes()) for p in stored
+        ]
+        return same
 
     assert equals([p.copy() for p in planes])
     assert sorted(seen) == list(range(0, n, 3))  # every block encoded, each once

@@ -521,18 +521,29 @@ class Artifact:
         :meth:`integrity_problems`)."""
         info = self._info(name)
         c = self._owner[name]
-        problems = []
-        for p in info.planes:
-            actual = self._hash(c, p.offset, p.nbytes)
-            if actual != p.digest:
-                problems.append(
-                    IntegrityError(
-                        f"plane {p.name!r} digest mismatch: stored {p.digest}, computed {actual}",
-                        path=str(info.file),
-                        tensor=name,
-                    )
-                )
-        return problems
+        return self.plane_digest_problems(
+            name, [self._hash(c, p.offset, p.nbytes) for p in info.planes]
+        )
+
+    @staticmethod
+    def new_plane_digest() -> Any:
+        """A fresh plane digest (xxh3-128, docs/container.md): ``update`` it with the plane's
+        bytes in order and pass ``hexdigest()`` to :meth:`plane_digest_problems`; for readers
+        that stream the planes for another purpose and digest them on the way."""
+        return xxhash.xxh3_128()
+
+    def plane_digest_problems(self, name: str, computed: list[str]) -> list[IntegrityError]:
+        """Compare computed plane digests (hex, in plane order) with the recorded ones."""
+        info = self._info(name)
+        return [
+            IntegrityError(
+                f"plane {p.name!r} digest mismatch: stored {p.digest}, computed {actual}",
+                path=str(info.file),
+                tensor=name,
+            )
+            for p, actual in zip(info.planes, computed, strict=True)
+            if actual != p.digest
+        ]
 
     def read(self, name: str, *, verify: bool = False) -> LogicalTensor:
         """The tensor's logical representation (see :mod:`ninfer_convert.logical`).

@@ -165,7 +165,8 @@ def _source_exists(spec: str) -> bool:
 @dataclass
 class _TensorOutcome:
     name: str
-    integrity: list[Finding] = field(default_factory=list)
+    integrity: list[Finding] | None = None
+    """Plane digest findings, when the checks digested the stored planes on the way."""
     values: list[Finding] = field(default_factory=list)
     identity: list[Finding] = field(default_factory=list)
     words: list[Finding] = field(default_factory=list)
@@ -277,10 +278,17 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
     enc: EncodeInput | None
     try:
         if fmt.is_grouped and ctx.device == "cpu":
+            plane_digests = [art.new_plane_digest() for _ in info.planes]
             with _stored_planes(art, name) as stored_planes:
                 equal, digests, enc = host_grouped_equals(
-                    entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc
-                )
+                    entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc,
+                    digests=plane_digests,
+                )  # fmt: skip
+            # The stored bytes were digested while they were compared: no second read.
+            out.integrity = [
+                Finding.of("integrity", e)
+                for e in art.plane_digest_problems(name, [d.hexdigest() for d in plane_digests])
+            ]
         else:
             packed = derive_packed(
                 entry, ctx.source, device=ctx.device, threads=ctx.threads, on_block=acc
@@ -737,7 +745,7 @@ def verify_artifact(
 
     # Stored order: file-level findings first, then each tensor's gaps and plane digests.
     order = {n: i for i, n in enumerate(names)}
-    integrity += [f for o in outcomes for f in o.integrity]
+    integrity += [f for o in outcomes for f in o.integrity or ()]
     integrity.sort(key=lambda f: -1 if f.tensor is None else order.get(f.tensor, -1))
     results.insert(1, CheckResult("integrity", _status(integrity), len(names), tuple(integrity)))
 
@@ -854,11 +862,9 @@ def _run_tensors(
         budget.acquire(costs[name])
         ahead.started(position[name])
         try:
-            # The digests first: they read the stored planes from disk, and the comparison
-            # right after finds them in the page cache.
-            digests = [Finding.of("integrity", e) for e in art.verify_tensor(name)]
             result = _check_tensor(art, name, ctx)
-            result.integrity = digests
+            if result.integrity is None:  # not digested on the way: read the planes for it
+                result.integrity = [Finding.of("integrity", e) for e in art.verify_tensor(name)]
         finally:
             budget.release(costs[name])
         with lock:
