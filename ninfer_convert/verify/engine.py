@@ -8,7 +8,8 @@ Contract of :func:`verify_artifact`:
   :class:`~.report.Finding` in the returned :class:`~.report.VerifyReport`; no check stops at
   its first problem, and a failing check does not stop later checks that can still run.
 * Checks, reported in this order: ``structure`` (everything :func:`open_artifact` validates),
-  ``integrity`` (:meth:`Artifact.integrity_problems`), ``padding``
+  ``integrity`` (:meth:`Artifact.integrity_problems`; the plane digests are taken per tensor
+  by the workers, the same check), ``padding``
   (:meth:`Artifact.padding_problems`), ``values`` (:func:`~ninfer_convert.validate.
   logical_problems` of every tensor), then against the source when one is used:
   ``source-identity`` (recorded per-tensor dtype, shape and digest), ``source-words`` (every
@@ -26,8 +27,11 @@ Contract of :func:`verify_artifact`:
   (its re-derivation, its packed planes, its source words) at a time, with convert's rule for
   bytes in flight (at most the largest tensor's source bytes, or 256 MiB when that is larger;
   a larger tensor runs alone); numpy, xxhash and the encoders release the GIL.  A re-derived
-  tensor is packed with its layout and compared with the stored planes byte for byte; only a
-  tensor that differs is decoded by the reader and compared word by word.  Results are
+  tensor is packed with its layout and compared with the stored planes byte for byte (grouped
+  tensors on the host one row block at a time, digesting the stored slices on the way, so
+  their planes are never built); only a tensor that differs is derived whole, decoded by the
+  reader and compared word by word.  The stored planes and source bytes of the tensors ahead
+  are read into the page cache in the background (:mod:`ninfer_convert.readahead`).  Results are
   deterministic: findings are ordered by check, then by stored tensor order, whatever the
   scheduling.
 * ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
