@@ -20,11 +20,12 @@
  * statistics of the block: (max |e|, sum e^2, sum x^2) with e = x - s32 * q, the exact
  * reconstruction error of every value (s32 * q is exact: an 8-bit integer times an 11-bit
  * significand).  The codes are computed by the same statements either way; the statistics
- * only add operations after them, in one pass over each encoded row (ROW_STATS).  The sums
- * are kept in LANES independent binary32 accumulators, added into binary64 lanes every
- * STATS_FLUSH steps (at most 64 binary32 additions per lane): a fixed order of IEEE operations,
- * so they vectorise without -ffast-math and are reproducible, and each binary32 partial sum is
- * within a relative 64 x 2^-24 (4e-6) of its exact value.
+ * only add operations after them, in one pass over each encoded row (ROW_STATS).  Each row is
+ * scaled by a power of two that brings its largest |x| to [1, 2), so that binary32 squares
+ * neither underflow nor overflow; the squares are summed in LANES independent binary32
+ * accumulators, added into binary64 every STATS_FLUSH steps and unscaled exactly at the end of
+ * the row.  That is a fixed order of IEEE operations, so it vectorises without -ffast-math and
+ * is reproducible; each binary32 partial sum is within a relative 64 x 2^-24 (4e-6) of exact.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,6 +57,17 @@ static uint16_t f32_to_f16_rne(float f) {
     uint32_t half = 1u << (shift - 1u);
     if (rem > half || (rem == half && (q & 1u))) q += 1u;
     return (uint16_t)q; /* q == 0x400 is the smallest normal, encoded by the same bits */
+}
+
+/* Exact powers of two: 2^k in binary32 for -149 <= k <= 127, in binary64 for |k| <= 1022. */
+static inline float pow2f(int k) {
+    return k >= -126 ? f32_from_bits((uint32_t)(k + 127) << 23) : f32_from_bits(1u << (k + 149));
+}
+static inline double pow2d(int k) {
+    uint64_t u = (uint64_t)(k + 1023) << 52;
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
 }
 
 /* Exact binary16 -> binary32 for finite non-negative words. */
@@ -100,12 +112,26 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
-typedef double v8d __attribute__((vector_size(64)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+/* acc[0..1] += the 8 binary32 lanes of V widened to binary64, one 4-lane half at a time (a
+ * 64-byte vector type would be emulated through memory on AVX2). */
+#define WIDEN_ADD(ACC, V)                                                                      \
+    do {                                                                                       \
+        v4f half_;                                                                             \
+        memcpy(&half_, &(V), sizeof half_);                                                    \
+        (ACC)[0] += __builtin_convertvector(half_, v4d);                                       \
+        memcpy(&half_, (const char *)&(V) + sizeof half_, sizeof half_);                       \
+        (ACC)[1] += __builtin_convertvector(half_, v4d);                                       \
+    } while (0)
 
 #define ROW_STATS(LOAD8, LOAD1)                                                                \
     do {                                                                                       \
         Py_ssize_t j = 0, gi = 0, gend = group;                                                \
         v8f s8 = sf[0] + (v8f){0};                                                             \
+        const v8f up8 = up + (v8f){0};                                                         \
+        v4d rse[2] = {{0}}, rsx[2] = {{0}};                                                    \
         const Py_ssize_t vec_end = group % LANES == 0 ? k - k % LANES : 0;                     \
         while (j < vec_end) {                                                                  \
             v8f se8 = {0}, sx8 = {0};                                                          \
@@ -122,11 +148,12 @@ typedef double v8d __attribute__((vector_size(64)));
                 v8i ae = (v8i)e & 0x7FFFFFFF;                                                  \
                 v8i more = ae > gmax;                                                          \
                 gmax = (ae & more) | (gmax & ~more);                                           \
-                se8 += e * e;                                                                  \
-                sx8 += x * x;                                                                  \
+                v8f es = e * up8, xs = x * up8; /* exact: a power of two, no overflow */       \
+                se8 += es * es;                                                                \
+                sx8 += xs * xs;                                                                \
             }                                                                                  \
-            dse += __builtin_convertvector(se8, v8d);                                          \
-            dsx += __builtin_convertvector(sx8, v8d);                                          \
+            WIDEN_ADD(rse, se8);                                                               \
+            WIDEN_ADD(rsx, sx8);                                                               \
         }                                                                                      \
         for (; j < k; j++) { /* the rest, in lane 0 */                                         \
             if (j >= gend) {                                                                   \
@@ -137,8 +164,13 @@ typedef double v8d __attribute__((vector_size(64)));
             float e1 = x1 - sf[gi] * qf[j];                                                    \
             int32_t ae1 = (int32_t)(bits_from_f32(e1) & 0x7FFFFFFFu);                          \
             gmax[0] = ae1 > gmax[0] ? ae1 : gmax[0];                                           \
-            dse[0] += (double)(e1 * e1);                                                       \
-            dsx[0] += (double)(x1 * x1);                                                       \
+            float es1 = e1 * up, xs1 = x1 * up;                                                \
+            rse[0][0] += (double)(es1 * es1);                                                  \
+            rsx[0][0] += (double)(xs1 * xs1);                                                  \
+        }                                                                                      \
+        for (int h_ = 0; h_ < 2; h_++) { /* undo the scaling: exact in binary64 */             \
+            dse[h_] += rse[h_] * down2;                                                        \
+            dsx[h_] += rsx[h_] * down2;                                                        \
         }                                                                                      \
     } while (0)
 
@@ -156,10 +188,11 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
     const float magic = 12582912.0f; /* 1.5 * 2^23 */
     int kind = 0; /* 0 ok, 1 non-finite, 2 overflow */
     v8i gmax = {0}; /* bits of the largest |e| per lane */
-    v8d dse = {0}, dsx = {0};
+    v4d dse[2] = {{0}}, dsx[2] = {{0}}; /* binary64 sums of squares, 8 lanes */
     Py_ssize_t bad_row = 0, bad_col = 0;
     float bad_raw = 0.0f;
     for (Py_ssize_t r = 0; r < n && !kind; r++) {
+        uint32_t row_amax = 0; /* binary32 bits of the row's largest |x| */
         for (Py_ssize_t g = 0; g < groups; g++) {
             Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
             uint32_t amax_bits = 0; /* sign-cleared word: unsigned order = order of |x| */
@@ -192,6 +225,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 }
             }
             int8_t *c = out + r * k;
+            row_amax = amax_bits > row_amax ? amax_bits : row_amax;
             if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes */
                 sc[r * groups + g] = 0;
                 memset(c + a, 0, (size_t)(b - a));
@@ -224,7 +258,16 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 sf[g] = s32;
             }
         }
-        if (stats == NULL || kind) continue;
+        if (stats == NULL || kind || row_amax == 0) continue; /* a zero row adds nothing */
+        /* Scale the row by 2^sh so that its largest |x| lies in [1, 2) (or just below for a
+         * subnormal maximum): the binary32 squares and sums then neither overflow nor
+         * underflow for any value within 2^-60 of the row's maximum, and smaller values
+         * contribute less than 2^-120 of the largest square each.  Scaling by a power of two
+         * is exact, and so is undoing it on the binary64 sums. */
+        const int ex = (int)(row_amax >> 23);
+        const int sh = ex > 0 ? 127 - ex : 127;
+        const float up = pow2f(sh);
+        const v4d down2 = pow2d(-2 * sh) + (v4d){0};
         if (source == 0) {
             const uint16_t *p = w16 + r * k;
             ROW_STATS(v8u16 h; memcpy(&h, p + j, sizeof h);
@@ -240,8 +283,8 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
         double se = 0.0, sx = 0.0;
         for (int l = 0; l < LANES; l++) {
             m = gmax[l] > m ? gmax[l] : m;
-            se += dse[l];
-            sx += dsx[l];
+            se += dse[l / 4][l % 4];
+            sx += dsx[l / 4][l % 4];
         }
         stats[0] = (double)f32_from_bits((uint32_t)m); stats[1] = se; stats[2] = sx;
     }
@@ -260,8 +303,9 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*innii" "iw*w*|O", &words, &source, &n, &k, &group, &qmin,
                           &qmax, &codes, &scales, &stats_obj))
         return NULL;
-    if (stats_obj != Py_None &&
-        PyObject_GetBuffer(stats_obj, &stats, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+    const int have_stats = stats_obj != Py_None;
+    if (have_stats && PyObject_GetBuffer(stats_obj, &stats,
+                                         PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         return NULL;
     }
@@ -269,13 +313,17 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     size_t wsize = source == 0 ? 2 : 4;
     if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1) ||
         words.len < (Py_ssize_t)(n * k * (Py_ssize_t)wsize) || codes.len < n * k ||
-        scales.len < n * groups * 2 || (stats.buf != NULL && stats.len < 3 * 8)) {
+        scales.len < n * groups * 2 ||
+        (have_stats && (stats.len < 3 * (Py_ssize_t)sizeof(double) ||
+                        stats.itemsize != (Py_ssize_t)sizeof(double) || stats.format == NULL ||
+                        strcmp(stats.format, "d") != 0))) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
-        if (stats.buf != NULL) PyBuffer_Release(&stats);
-        PyErr_SetString(PyExc_ValueError, "encode_rows: inconsistent buffer sizes");
+        if (have_stats) PyBuffer_Release(&stats);
+        PyErr_SetString(PyExc_ValueError,
+                        "encode_rows: inconsistent buffer sizes (stats: three float64)");
         return NULL;
     }
-    double *st = (double *)stats.buf;
+    double *st = have_stats ? (double *)stats.buf : NULL;
     /* One row's rounded codes and group scales as binary32, for the statistics (allocated
      * while holding the GIL, as PyMem_Malloc requires). */
     float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)(k + groups) * sizeof(float)) : NULL;
@@ -300,7 +348,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
-    if (stats.buf != NULL) PyBuffer_Release(&stats);
+    if (have_stats) PyBuffer_Release(&stats);
     PyMem_Free(qf);
     if (kind == 1) return refusal_nonfinite(bad_row, bad_col);
     if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);

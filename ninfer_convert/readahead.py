@@ -20,6 +20,7 @@ encoding worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -54,18 +55,23 @@ def read_ahead(path: str | os.PathLike[str], offset: int, length: int) -> None:
 def _run() -> None:
     while True:
         path, offset, length = _requests.get()
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            end = offset + length
-            for start in range(offset, end, CHUNK):
-                os.posix_fadvise(fd, start, min(CHUNK, end - start), os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        with contextlib.suppress(Exception):  # a hint must never stop the read-ahead thread
+            _advise(path, offset, length)
+
+
+def _advise(path: str, offset: int, length: int) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # the real read reports it, with its context
+    try:
+        end = offset + length
+        for start in range(offset, end, CHUNK):
+            os.posix_fadvise(fd, start, min(CHUNK, end - start), os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class ReadAheadWindow(Generic[T]):
@@ -91,13 +97,15 @@ class ReadAheadWindow(Generic[T]):
 
     def started(self, index: int) -> None:
         with self._lock:
+            # Items before ``index`` that are not requested yet are being started by other
+            # workers right now: they are requested first, in order, outside the budget.
             budget = self._limit - sum(self._nbytes(x) for x in self._items[index : self._next])
-            self._next = max(self._next, index)
             while self._next < len(self._items):
                 item = self._items[self._next]
                 cost = self._nbytes(item)
                 if cost > budget and self._next > index + 1:
                     break
                 self._request(item)
-                budget -= cost
+                if self._next >= index:
+                    budget -= cost
                 self._next += 1

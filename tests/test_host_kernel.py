@@ -130,7 +130,8 @@ def test_native_error_sums_agree_with_a_binary64_reference(
     assert entry.group_size is not None
     rng = np.random.default_rng(8)
     x = rng.standard_normal(shape).astype(np.float32)
-    x *= np.float32(2.0) ** rng.integers(-20, 6, size=(shape[0], 1)).astype(np.float32)
+    # Row scales down to 2^-120: binary32 squares of such values would underflow to zero.
+    x *= np.float32(2.0) ** rng.integers(-120, 6, size=(shape[0], 1)).astype(np.float32)
     words: np.ndarray = {
         "BF16": lambda: (x.view(np.uint32) >> 16).astype(np.uint16),
         "F16": lambda: x.astype(np.float16).view(np.uint16),
@@ -148,5 +149,7 @@ def test_native_error_sums_agree_with_a_binary64_reference(
     e32 = x32 - s32[:, : shape[1]] * enc.codes.astype(np.float32)  # the kernel's two operations
     assert sums[0] == float(np.abs(e32).max())  # the maximum is exact, lanes or not
     e64, x64 = e32.astype(np.float64), x32.astype(np.float64)
-    assert sums[1] == pytest.approx(float((e64 * e64).sum()), rel=1e-5)
-    assert sums[2] == pytest.approx(float((x64 * x64).sum()), rel=1e-5)
+    # Rows are scaled to their largest value before squaring, so tiny rows neither vanish nor
+    # lose precision; binary32 lanes summed over at most 64 steps stay within 4e-6 relative.
+    assert sums[1] == pytest.approx(float((e64 * e64).sum()), rel=5e-6, abs=0.0)
+    assert sums[2] == pytest.approx(float((x64 * x64).sum()), rel=5e-6, abs=0.0)

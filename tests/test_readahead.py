@@ -28,6 +28,16 @@ def test_window_requests_in_order_within_the_byte_limit() -> None:
     assert asked == [0, 1, 2, 3, 4, 5]  # never twice
 
 
+def test_window_never_skips_an_item_started_out_of_order() -> None:
+    asked: list[int] = []
+    window = ReadAheadWindow(list(range(6)), lambda i: 10, asked.append, 15)
+    window.started(3)  # a later worker got there first: 0..2 are requested before it
+    assert asked == [0, 1, 2, 3, 4]
+    window.started(0)
+    window.started(5)
+    assert asked == [0, 1, 2, 3, 4, 5]
+
+
 def test_window_is_safe_to_call_from_many_threads() -> None:
     asked: list[int] = []
     items = list(range(200))

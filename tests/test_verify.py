@@ -267,6 +267,24 @@ def test_sharded_artifact_passes(sharded: Path) -> None:
     assert report.passed, failed(report)
 
 
+def test_integrity_findings_keep_the_readers_order(sharded: Path, tmp_path: Path) -> None:
+    # verify checks plane digests in its workers; the report must still list the findings as
+    # Artifact.integrity_problems() does (shard by shard, tensors in stored order).
+    art = copy_artifact(sharded, tmp_path / "a")
+    with open_artifact(art) as a:
+        names = list(a.tensors)
+    for name in (names[-1], names[0], names[len(names) // 2]):
+        path, offset, _ = plane_offset(art, name, "codes" if "norm" not in name else "words")
+        flip_byte(path, offset)
+    config = art / "config.json"
+    config.write_bytes(config.read_bytes() + b" ")  # a side-file finding: listed last
+    with open_artifact(art) as a:
+        expected = [str(e) for e in a.integrity_problems()]
+    report = run(art, oracle_groups=0)
+    found = [f.render() for f in report.check("integrity").findings]
+    assert len(found) == 4 and found == expected
+
+
 def test_truncated_and_missing_shard(sharded: Path, tmp_path: Path) -> None:
     art = copy_artifact(sharded, tmp_path / "t")
     shard = container_files(art)[1]
@@ -621,3 +639,19 @@ def test_plane_comparison_finds_a_difference_in_any_position(size: int) -> None:
         b = a.copy()
         b[pos] ^= 0x01
         assert not _bytes_equal(a, b), pos
+
+
+def test_tiny_errors_are_neither_exact_nor_lost_to_underflow() -> None:
+    # Values near 1e-30 get the 2^-24 rescue scale and zero codes, so every error is the value
+    # itself; binary32 squares of them would underflow to 0 and report an exact tensor.
+    from ninfer_convert.encoder import encode_grouped_words
+    from ninfer_convert.verify import error_stats
+
+    x = (np.linspace(1.0, 2.0, 64, dtype=np.float32) * np.float32(1e-30)).reshape(1, 64)
+    g = encode_grouped_words(x.view(np.uint32), "F32", "Q4G64_F16S")
+    assert not g.codes.any()
+    s = error_stats(FORMATS["Q4G64_F16S"], "t", x.view(np.uint32), "F32", g)
+    x64 = x.astype(np.float64)
+    assert not s.exact and s.max_abs_error == float(x.max())
+    assert s.rms_error == pytest.approx(float(np.sqrt((x64 * x64).mean())), rel=1e-12)
+    assert s.sqnr_db == pytest.approx(0.0, abs=1e-9)  # all of the signal is error

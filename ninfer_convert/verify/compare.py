@@ -362,23 +362,27 @@ def _dequantize_block(
 def _accumulate(
     x: npt.NDArray[np.float32], x_hat: npt.NDArray[np.float32]
 ) -> tuple[float, float, float]:
-    """(max |x - x_hat|, sum (x - x_hat)^2, sum x^2) of one block; NaN when a value is NaN."""
+    """(max |x - x_hat|, sum (x - x_hat)^2, sum x^2) of one block; NaN when a value is NaN.
+
+    The error is the binary32 difference (what the C kernel computes); the squares are taken
+    in binary64, where they are exact and cannot underflow, as in the kernel."""
     if not x.size:
         return 0.0, 0.0, 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.subtract(x, x_hat, dtype=np.float32)
         lo, hi = float(e.min()), float(e.max())
         max_err = math.nan if math.isnan(lo) or math.isnan(hi) else max(hi, -lo)
-        return max_err, float(np.dot(e, e)), float(np.dot(x, x))
+        e64, x64 = e.astype(np.float64), x.astype(np.float64)
+        return max_err, float(np.dot(e64, e64)), float(np.dot(x64, x64))
 
 
 def _finish(
     fmt: NumericFormat, tensor: str, numel: int, max_err: float, sum_e2: float, sum_x2: float
 ) -> TensorErrorStats:
     rms = math.sqrt(sum_e2 / numel) if numel and math.isfinite(sum_e2) else math.nan
-    exact = sum_e2 == 0.0
+    exact = max_err == 0.0  # the maximum is exact; sums of squares are rounded
     sqnr: float | None
-    if exact or sum_x2 == 0.0 or not math.isfinite(sum_e2):
+    if exact or sum_e2 == 0.0 or sum_x2 == 0.0 or not math.isfinite(sum_e2):
         sqnr = None
     else:
         sqnr = 10.0 * math.log10(sum_x2 / sum_e2)

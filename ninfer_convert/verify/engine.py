@@ -209,6 +209,13 @@ def _bytes_equal(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
     return bool(np.array_equal(a[whole:], b[whole:]))
 
 
+def _integrity_order(
+    shards: dict[str, int], tensors: dict[str, int], f: Finding
+) -> tuple[int, int]:
+    shard = shards.get(f.path or "", len(shards))  # a side file sorts after every shard
+    return shard, -1 if f.tensor is None else tensors.get(f.tensor, -1)
+
+
 @contextmanager
 def _stored_planes(art: Artifact, name: str) -> Iterator[list[npt.NDArray[np.uint8]]]:
     """The stored planes of ``name`` as read-only byte arrays over the mapping, released on
@@ -711,6 +718,7 @@ def verify_artifact(
         timings["open"] = time.perf_counter() - t0
         emit("open", 1, 1)
         names = list(art.tensors)
+        files = art.files
         total_bytes = art.total_bytes()
         results = [CheckResult("structure", "pass", len(names), ())]
 
@@ -747,10 +755,11 @@ def verify_artifact(
             prepared.identity += _unused_source_digests(prepared.ctx, art)
         timings["tensors"] = time.perf_counter() - t0
 
-    # Stored order: file-level findings first, then each tensor's gaps and plane digests.
-    order = {n: i for i, n in enumerate(names)}
+    # The order integrity_problems() reports: shard by shard, each shard's own findings and
+    # then its tensors' (gaps, then plane digests), side files last.
     integrity += [f for o in outcomes for f in o.integrity or ()]
-    integrity.sort(key=lambda f: -1 if f.tensor is None else order.get(f.tensor, -1))
+    integrity.sort(key=partial(_integrity_order, {str(p): i for i, p in enumerate(files)},
+                               {n: i for i, n in enumerate(names)}))  # fmt: skip
     results.insert(1, CheckResult("integrity", _status(integrity), len(names), tuple(integrity)))
 
     values = [f for o in outcomes for f in o.values]
