@@ -81,23 +81,18 @@ static PyObject *refusal_nonfinite(Py_ssize_t row, Py_ssize_t col) {
 }
 
 /* One value of a group: multiply by the reciprocal, clamp, round half to even (|q| <= 127 after
- * the clamp, far inside the trick's exact range), store the code. */
-#define QUANT(X)                                                                               \
+ * the clamp, far inside the trick's exact range), store the code; then THEN (a statement that
+ * may use q: QUANT_KEEP keeps the rounded code as binary32 in a row buffer for the statistics). */
+#define QUANT_THEN(X, THEN)                                                                    \
     do {                                                                                       \
         float q = (X) * inv;                                                                   \
         q = q < lo ? lo : (q > hi ? hi : q);                                                   \
         q = (q + magic) - magic;                                                               \
         c[i] = (int8_t)(int)q;                                                                 \
+        THEN;                                                                                  \
     } while (0)
-/* The same, also keeping the rounded code as binary32 (a row buffer) for the statistics. */
-#define QUANT_KEEP(X)                                                                          \
-    do {                                                                                       \
-        float q = (X) * inv;                                                                   \
-        q = q < lo ? lo : (q > hi ? hi : q);                                                   \
-        q = (q + magic) - magic;                                                               \
-        c[i] = (int8_t)(int)q;                                                                 \
-        qf[i] = q;                                                                             \
-    } while (0)
+#define QUANT(X) QUANT_THEN(X, (void)0)
+#define QUANT_KEEP(X) QUANT_THEN(X, qf[i] = q)
 
 /* Statistics of one encoded row: e = x - s32 * q for every value, from the row's rounded codes
  * (qf, binary32) and group scales (sf, binary32; 0 for an all-zero group, whose qf are 0).
