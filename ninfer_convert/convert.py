@@ -286,14 +286,12 @@ def derive_packed(
     """
     fmt = lookup_format(entry.format)
     if fmt.is_grouped and device == "cpu":
-        m = materialize(entry, source)
-        if not isinstance(m.value, EncodeInput):  # pragma: no cover - plan invariant
-            raise EncodeError("grouped entry without encoder input", tensor=entry.output)
+        enc, source_digests = _grouped_input(entry, source)
         planes = encode_pack_grouped(
-            m.value.words, m.value.source_dtype, entry.format, tensor=entry.output,
+            enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block,
         )  # fmt: skip
-        return PackedTensor(entry, planes, dict(m.source_digests), None, m.value)
+        return PackedTensor(entry, planes, source_digests, None, enc)
     derived = derive_logical(entry, source, device=device, threads=threads)
     spot = 0
     if derived.device == "cuda" and derived.encode_input is not None:
@@ -328,14 +326,22 @@ def host_grouped_equals(
     grouped entry only; ``verify`` calls :func:`derive_packed` to locate differences.
     ``digests`` are fed the stored planes on the way (see :func:`~.fused.equals_packed_grouped`)
     once the source has been read; an exception leaves them incomplete."""
+    enc, source_digests = _grouped_input(entry, source)
+    equal = equals_packed_grouped(
+        enc.words, enc.source_dtype, entry.format, stored, tensor=entry.output,
+        threads=threads, on_block=on_block, digests=digests,
+    )  # fmt: skip
+    return equal, source_digests, enc
+
+
+def _grouped_input(
+    entry: PlanEntry, source: SourceCheckpoint
+) -> tuple[EncodeInput, dict[str, str]]:
+    """The encoder input and source digests of a grouped entry (its host-path materialize)."""
     m = materialize(entry, source)
     if not isinstance(m.value, EncodeInput):  # pragma: no cover - plan invariant
         raise EncodeError("grouped entry without encoder input", tensor=entry.output)
-    equal = equals_packed_grouped(
-        m.value.words, m.value.source_dtype, entry.format, stored, tensor=entry.output,
-        threads=threads, on_block=on_block, digests=digests,
-    )  # fmt: skip
-    return equal, dict(m.source_digests), m.value
+    return m.value, dict(m.source_digests)
 
 
 def _bounded(

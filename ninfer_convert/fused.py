@@ -97,7 +97,8 @@ def equals_packed_grouped(
     """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
     building the planes: each packed block is compared with its slice of ``stored`` while it
     is in cache (verify's fast path; tests check it agrees with the comparison of whole planes).
-    Every block is still encoded (``on_block`` sees them all) whatever the outcome, and
+    When the stored planes have the layout's sizes every block is encoded (``on_block`` sees
+    them all) whatever the outcome; otherwise nothing is encoded and the answer is False.
     ``digests`` (one per stored plane, optional) are fed every stored byte in plane order, the
     slices of each block as soon as the blocks before it are done, so the stored bytes are read
     from memory once for both the comparison and the digest."""
@@ -105,8 +106,6 @@ def equals_packed_grouped(
     if digests is not None and len(digests) != len(stored):
         raise ValueError("one digest per stored plane")
     if [int(p.size) for p in stored] != [spec.nbytes for spec in specs]:
-        _run_blocks(words, source_dtype, fmt_name, lambda r0, r1, packed: None, tensor, threads,
-                    chunk_elements, on_block, kernel)  # fmt: skip
         for digest, plane in zip(digests or [], stored, strict=False):
             digest.update(plane)
         return False
