@@ -10,8 +10,11 @@ Why: ``row-split-k128-v1`` stores every plane row-major with a fixed byte stride
 block of consecutive rows maps to one contiguous slice of each plane.  Encoding and packing one
 cache-sized row block at a time keeps the working set in L2 and bounds memory to the output
 planes plus a few blocks, and the blocks are independent, so two threads split them (numpy
-releases the GIL in every ufunc used).  The value invariants the producer owes (spec Section 9)
-are checked per block on the codes and scales before they are packed.
+releases the GIL in every ufunc used; the C encoder and packer release it for the whole block).
+The value invariants the producer owes (spec Section 9) are checked per block on the codes and
+scales before they are packed: by the C packer in the same pass, else by
+``validate.grouped_problems``.  Each block is written straight into its slice of the output
+planes, or compared with its slice of the stored ones.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import numpy.typing as npt
 from .encoder.common import check_words, grouped_format
 from .encoder.host import ErrorSums, encode_rows
 from .encoder.numpy_backend import CHUNK_ELEMENTS
+from .formats import NumericFormat
 from .layouts import PlaneSpec, lookup_layout
+from .layouts.row_split import BlockResult, RowSplitK128, native_packer_available
 from .logical import GroupedCodes
 from .validate import grouped_problems
 
-__all__ = ["BlockHook", "BlockSink", "Digest", "encode_pack_grouped", "equals_packed_grouped"]
+__all__ = ["BlockHook", "Digest", "encode_pack_grouped", "equals_packed_grouped"]
 
 BlockHook = Callable[
     [
@@ -46,10 +51,6 @@ BlockHook = Callable[
 ]
 """Called with (first row, end row, source words, codes, scales, error sums) of each encoded
 block; the sums come from the C kernel's pass, or are ``None`` when the numpy kernel ran."""
-
-
-BlockSink = Callable[[int, int, list[npt.NDArray[np.uint8]]], None]
-"""Receives (first row, end row, the block's slice of every plane) of each packed block."""
 
 
 def encode_pack_grouped(
@@ -67,13 +68,8 @@ def encode_pack_grouped(
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
     specs, strides = _plane_geometry(words, source_dtype, fmt_name)
     planes = [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
-
-    def store(r0: int, r1: int, packed: list[npt.NDArray[np.uint8]]) -> None:
-        for plane, stride, part in zip(planes, strides, packed, strict=True):
-            plane[r0 * stride : r1 * stride] = part
-
-    _run_blocks(words, source_dtype, fmt_name, store, tensor, threads, chunk_elements, on_block,
-                kernel)  # fmt: skip
+    _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
+                chunk_elements, on_block, kernel)  # fmt: skip
     return planes
 
 
@@ -109,16 +105,12 @@ def equals_packed_grouped(
         for digest, plane in zip(digests or [], stored, strict=False):
             digest.update(plane)
         return False
-    differs = threading.Event()
     lock = threading.Lock()
     done: dict[int, int] = {}  # first row -> end row of compared blocks not yet digested
     digested = 0  # rows [0, digested) of every plane are in the digests
 
-    def compare(r0: int, r1: int, packed: list[npt.NDArray[np.uint8]]) -> None:
+    def after(r0: int, r1: int) -> None:
         nonlocal digested
-        for plane, stride, part in zip(stored, strides, packed, strict=True):
-            if not np.array_equal(plane[r0 * stride : r1 * stride], part):
-                differs.set()
         if digests is None:
             return
         with lock:  # digests need the bytes in order; blocks finish in any order
@@ -129,11 +121,11 @@ def equals_packed_grouped(
                     digest.update(plane[digested * stride : end * stride])
                 digested = end
 
-    _run_blocks(words, source_dtype, fmt_name, compare, tensor, threads, chunk_elements,
-                on_block, kernel)  # fmt: skip
+    equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True, after, tensor,
+                        threads, chunk_elements, on_block, kernel)  # fmt: skip
     for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
         digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
-    return not differs.is_set()
+    return equal
 
 
 def _plane_geometry(
@@ -151,20 +143,28 @@ def _run_blocks(
     words: npt.NDArray[np.generic],
     source_dtype: str,
     fmt_name: str,
-    sink: BlockSink,
+    planes: list[npt.NDArray[np.uint8]],
+    strides: list[int],
+    compare: bool,
+    after: Callable[[int, int], None] | None,
     tensor: str | None,
     threads: int,
     chunk_elements: int,
     on_block: BlockHook | None,
     kernel: str,
-) -> None:
-    """Encode, check and pack ``words`` one row block at a time; ``sink`` gets each block."""
+) -> bool:
+    """Encode, check and pack ``words`` one row block at a time, writing each block's rows of
+    every plane into ``planes`` or, with ``compare``, comparing them with ``planes``; ``after``
+    is told each finished block.  Returns False when a comparison found a difference."""
     fmt = grouped_format(fmt_name)
     assert fmt.group_size is not None
     n, k = words.shape
     layout = lookup_layout(fmt.layout)
+    assert isinstance(layout, RowSplitK128)
+    native_pack = kernel == "native" and native_packer_available()
     n_groups = -(-k // fmt.group_size)
     rows = max(1, chunk_elements // k)
+    differs = threading.Event()
 
     def block(r0: int) -> None:
         r1 = min(n, r0 + rows)
@@ -174,12 +174,25 @@ def _run_blocks(
             words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor, kernel,
             with_sums=on_block is not None,
         )  # fmt: skip
-        problems = grouped_problems(fmt, codes, scales, tensor)
-        if problems:  # pragma: no cover - the encoder cannot emit these; defence in depth
-            raise problems[0]
         if on_block is not None:
             on_block(r0, r1, words[r0:r1], codes, scales, sums)
-        sink(r0, r1, [np.asarray(p) for p in layout.pack(fmt, GroupedCodes(codes, scales))])
+        parts = [p[r0 * st : r1 * st] for p, st in zip(planes, strides, strict=True)]
+        if native_pack:  # checks the values, then packs or compares, without the GIL
+            result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)
+            if result is BlockResult.INVALID:  # pragma: no cover - the encoder cannot emit these
+                _raise_invalid(fmt, codes, scales, tensor)
+            if result is BlockResult.DIFFERENT:
+                differs.set()
+        else:
+            _raise_invalid(fmt, codes, scales, tensor, only_if_found=True)
+            packed = layout.pack(fmt, GroupedCodes(codes, scales))
+            for part, new in zip(parts, packed, strict=True):
+                if not compare:
+                    part[...] = new
+                elif not np.array_equal(part, new):
+                    differs.set()
+        if after is not None:
+            after(r0, r1)
 
     starts = range(0, n, rows)
     if threads <= 1 or len(starts) == 1:
@@ -188,3 +201,21 @@ def _run_blocks(
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(block, starts))
+    return not differs.is_set()
+
+
+def _raise_invalid(
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+    tensor: str | None,
+    *,
+    only_if_found: bool = False,
+) -> None:
+    """Raise the first Section 5/6.1 problem of a block (defence in depth: the encoder cannot
+    emit one); the C packer only says that there is one, grouped_problems says which."""
+    problems = grouped_problems(fmt, codes, scales, tensor)
+    if problems:
+        raise problems[0]
+    if not only_if_found:  # pragma: no cover - the packer and grouped_problems disagree
+        raise RuntimeError("the row-split packer rejected values grouped_problems accepts")

@@ -25,12 +25,17 @@ Contract (docs/layouts.md, section row-split-k128-v1 is normative):
 * Padding: code bits of padded positions are zero; scale slots ceil(K/G)..Gp-1 are +0 (0x0000).
   The partial last group of a row keeps its logical scale; only its positions >= K are padding.
 * Because every plane has a fixed per-row stride, one row, a range of rows or an arbitrary row
-  list can be decoded from those rows' bytes alone (:meth:`RowSplitK128.unpack_rows`).
+  list can be decoded from those rows' bytes alone (:meth:`RowSplitK128.unpack_rows`), and a
+  block of rows can be packed straight into (or compared with) its slice of every plane
+  (:meth:`RowSplitK128.pack_rows_into`, the C packer in ``_rowsplit.c``; tests hold it
+  byte-identical to :meth:`Layout.pack`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -41,7 +46,32 @@ from ..formats import NumericFormat
 from ..logical import GroupedCodes, LogicalTensor
 from .base import Buffer, FormatLike, Layout, PlaneSpec, ceil_div, check_array, describe_bad_bytes
 
-__all__ = ["ROW_SPLIT_K128_V1", "RowSplitK128", "Rows"]
+__all__ = ["ROW_SPLIT_K128_V1", "BlockResult", "RowSplitK128", "Rows", "native_packer_available"]
+
+_native: Any
+try:  # built by pip (pyproject.toml ext-modules) when a C compiler is available
+    from .. import _rowsplit as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
+    raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C row-split packer was not built")
+
+
+def native_packer_available() -> bool:
+    return _native is not None
+
+
+class BlockResult(IntEnum):
+    """What :meth:`RowSplitK128.pack_rows_into` did (the C packer's return values)."""
+
+    DONE = 0
+    """Written, or compared and every byte equal."""
+    DIFFERENT = 1
+    """Compared, and some byte differs."""
+    INVALID = 2
+    """The values break Section 5/6.1 (see ``validate.grouped_problems``); nothing usable."""
+
 
 K_ALIGN = 128
 """Rows are padded to a multiple of 128 codes (the "k128" of the name)."""
@@ -177,6 +207,30 @@ class RowSplitK128(Layout):
         padded_scales[:, : scales.shape[1]] = scales
         out.append(padded_scales.reshape(-1).view(np.uint8))
         return out
+
+    def pack_rows_into(
+        self,
+        fmt: NumericFormat,
+        codes: npt.NDArray[np.int8],
+        scales: npt.NDArray[np.uint16],
+        planes: Sequence[npt.NDArray[np.uint8]],
+        *,
+        compare: bool = False,
+    ) -> BlockResult:
+        """Pack a block of rows ([r, K] codes, [r, ceil(K/G)] scales, C-contiguous) into
+        ``planes`` -- the block's slice of every plane, each exactly r rows of the plane's row
+        stride -- or, with ``compare``, compare the packed bytes with them.  The values are
+        checked first, with grouped_problems' rules; INVALID means some value breaks them.
+        Needs the C packer (:func:`native_packer_available`)."""
+        if _native is None:  # pragma: no cover - depends on the build
+            raise RuntimeError("the C row-split packer was not built")
+        assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+        r, k = codes.shape
+        result = _native.pack_rows(
+            codes, scales, r, k, fmt.group_size, fmt.code_bits, fmt.qmin, fmt.qmax,
+            tuple(planes), compare,
+        )  # fmt: skip
+        return BlockResult(result)
 
     # -- unpack --------------------------------------------------------------------------------
 

@@ -1,0 +1,189 @@
+/*
+ * Native packer for the row-split-k128-v1 layout (docs/layouts.md; the numpy reference is
+ * RowSplitK128._pack in layouts/row_split.py, and the tests hold the two byte-identical).
+ *
+ * Contract: pack_rows(codes, scales, n, k, group, bits, qmin, qmax, planes, compare) takes an
+ * [n, k] block of int8 codes and its [n, ceil(k/group)] binary16 scale words (native uint16)
+ * and either writes the block's rows of every plane (compare = 0) into `planes`, one writable
+ * buffer per plane in layout order, or compares them with those buffers (compare = 1).  It
+ * returns 0 (written, or every byte equal), 1 (compare only: some byte differs) or 2 (the
+ * values break Section 5/6.1: a code outside [qmin, qmax], a scale that is not +0 or finite
+ * positive, or a non-zero code under a +0 scale; what was written is then undefined and the
+ * caller reports the problem with validate.grouped_problems).  The value check is the same
+ * rule grouped_problems applies, so the fused path needs no second pass over the codes.
+ *
+ * Why C: in numpy the packing is several whole-block passes plus about 20 Python-level calls
+ * per block, all holding the GIL, and with two encoding threads the GIL became the limit.
+ * Here one call per block does the check, the packing and the store or comparison, and the
+ * GIL is released for all of it.
+ *
+ * Plane bytes per row, Kp = ceil(k/128)*128, u = code & (2^bits - 1), u = 0 at padding:
+ *   bits 4: codes[Kp/2]: u[2j] | u[2j+1] << 4
+ *   bits 5: lo4[Kp/2] as above on u & 15; hi1[Kp/8]: bit i of byte j = bit 4 of u[8j+i]
+ *   bits 6: lo4[Kp/2]; hi2[Kp/4]: bits 2i..2i+1 of byte j = bits 4-5 of u[4j+i]
+ *   bits 8: codes[Kp]: u[j]
+ *   all:    scales[2*Kp/group]: little-endian words, slots >= ceil(k/group) are +0
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define K_ALIGN 128
+#define MAX_PLANES 3
+
+/* Section 5/6.1 on one row: legal codes, +0 or finite positive scales, zero codes under +0. */
+static int row_valid(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_t groups,
+                     int group, int qmin, int qmax) {
+    int8_t lo = 127, hi = -128;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        lo = c[j] < lo ? c[j] : lo;
+        hi = c[j] > hi ? c[j] : hi;
+    }
+    if (lo < qmin || hi > qmax) return 0;
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const uint16_t w = s[g];
+        if ((w & 0x8000u) || (w & 0x7C00u) == 0x7C00u) return 0;
+        if (w == 0) {
+            const Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
+            uint8_t any = 0;
+            for (Py_ssize_t j = a; j < b; j++) any |= (uint8_t)c[j];
+            if (any) return 0;
+        }
+    }
+    return 1;
+}
+
+/* One row of every plane into `out` (the planes' row bytes back to back); `u` holds Kp bytes. */
+static void pack_row(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_t kp,
+                     Py_ssize_t groups, Py_ssize_t gp, int bits, uint8_t *u, uint8_t *out) {
+    const uint8_t mask = (uint8_t)((1u << bits) - 1u);
+    for (Py_ssize_t j = 0; j < k; j++) u[j] = (uint8_t)c[j] & mask; /* two's complement mod 2^b */
+    memset(u + k, 0, (size_t)(kp - k));
+    uint8_t *o = out;
+    if (bits == 8) {
+        memcpy(o, u, (size_t)kp);
+        o += kp;
+    } else {
+        for (Py_ssize_t j = 0; j < kp / 2; j++)
+            o[j] = (uint8_t)((u[2 * j] & 15u) | (uint8_t)((u[2 * j + 1] & 15u) << 4));
+        o += kp / 2;
+        if (bits == 5) {
+            for (Py_ssize_t j = 0; j < kp / 8; j++) {
+                uint8_t b = 0;
+                for (int i = 0; i < 8; i++) b |= (uint8_t)(((u[8 * j + i] >> 4) & 1u) << i);
+                o[j] = b;
+            }
+            o += kp / 8;
+        } else if (bits == 6) {
+            for (Py_ssize_t j = 0; j < kp / 4; j++) {
+                uint8_t b = 0;
+                for (int i = 0; i < 4; i++) b |= (uint8_t)(((u[4 * j + i] >> 4) & 3u) << (2 * i));
+                o[j] = b;
+            }
+            o += kp / 4;
+        }
+    }
+    for (Py_ssize_t g = 0; g < gp; g++) { /* little-endian whatever the host */
+        const uint16_t w = g < groups ? s[g] : 0;
+        o[2 * g] = (uint8_t)(w & 0xFFu);
+        o[2 * g + 1] = (uint8_t)(w >> 8);
+    }
+}
+
+static PyObject *pack_rows(PyObject *self, PyObject *args) {
+    Py_buffer codes, scales, planes[MAX_PLANES + 1];
+    PyObject *plane_seq;
+    Py_ssize_t n, k;
+    int group, bits, qmin, qmax, compare;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*nniiiiOp", &codes, &scales, &n, &k, &group, &bits, &qmin,
+                          &qmax, &plane_seq, &compare))
+        return NULL;
+    const int nplanes = bits == 4 || bits == 8 ? 2 : 3;
+    Py_ssize_t groups = 0, kp = 0, gp = 0, strides[MAX_PLANES] = {0};
+    int ok = (bits == 4 || bits == 5 || bits == 6 || bits == 8) && n >= 0 && k > 0 &&
+             group > 0 && K_ALIGN % group == 0 && qmin >= -128 && qmax <= 127;
+    if (ok) {
+        groups = (k + group - 1) / group;
+        kp = (k + K_ALIGN - 1) / K_ALIGN * K_ALIGN;
+        gp = kp / group;
+        strides[0] = bits == 8 ? kp : kp / 2;
+        if (nplanes == 3) strides[1] = bits == 5 ? kp / 8 : kp / 4;
+        strides[nplanes - 1] = 2 * gp;
+        ok = codes.len >= n * k && scales.len >= n * groups * 2 && PyTuple_Check(plane_seq) &&
+             PyTuple_GET_SIZE(plane_seq) == nplanes;
+    }
+    int got = 0;
+    for (; ok && got < nplanes; got++) {
+        PyObject *p = PyTuple_GET_ITEM(plane_seq, got);
+        int flags = compare ? PyBUF_SIMPLE : PyBUF_WRITABLE;
+        if (PyObject_GetBuffer(p, &planes[got], flags | PyBUF_C_CONTIGUOUS) < 0) break;
+        ok = planes[got].len == n * strides[got];
+    }
+    if (!ok || got < nplanes) {
+        for (int i = 0; i < got; i++) PyBuffer_Release(&planes[i]);
+        PyBuffer_Release(&codes);
+        PyBuffer_Release(&scales);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError,
+                            "pack_rows: inconsistent arguments (planes: a tuple of one buffer "
+                            "per plane, each exactly n rows of the layout's row stride)");
+        return NULL;
+    }
+    Py_ssize_t row_bytes = 0;
+    for (int i = 0; i < nplanes; i++) row_bytes += strides[i];
+    uint8_t *scratch = (uint8_t *)PyMem_Malloc((size_t)(kp + row_bytes)); /* u, then one row */
+    if (scratch == NULL) {
+        for (int i = 0; i < nplanes; i++) PyBuffer_Release(&planes[i]);
+        PyBuffer_Release(&codes);
+        PyBuffer_Release(&scales);
+        return PyErr_NoMemory();
+    }
+    const int8_t *cb = (const int8_t *)codes.buf;
+    const uint16_t *sb = (const uint16_t *)scales.buf;
+    int result = 0;
+
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *row = scratch + kp;
+    for (Py_ssize_t r = 0; r < n && result != 2; r++) {
+        const int8_t *c = cb + r * k;
+        const uint16_t *s = sb + r * groups;
+        if (!row_valid(c, s, k, groups, group, qmin, qmax)) {
+            result = 2;
+            break;
+        }
+        if (result == 1) continue; /* already different: only the value check is left */
+        pack_row(c, s, k, kp, groups, gp, bits, scratch, row);
+        const uint8_t *part = row;
+        for (int i = 0; i < nplanes; i++) {
+            uint8_t *dst = (uint8_t *)planes[i].buf + r * strides[i];
+            if (!compare)
+                memcpy(dst, part, (size_t)strides[i]);
+            else if (memcmp(dst, part, (size_t)strides[i]) != 0)
+                result = 1;
+            part += strides[i];
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    PyMem_Free(scratch);
+    for (int i = 0; i < nplanes; i++) PyBuffer_Release(&planes[i]);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&scales);
+    return PyLong_FromLong(result);
+}
+
+static PyMethodDef methods[] = {
+    {"pack_rows", pack_rows, METH_VARARGS,
+     "Check, then pack or compare a block of rows in row-split-k128-v1 (see module docs)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rowsplit",
+    "Native packer for row-split-k128-v1 (see the C source's header).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rowsplit(void) { return PyModule_Create(&module); }
