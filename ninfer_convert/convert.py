@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from .formats import lookup_format
 from .fused import BlockHook, Digest, encode_pack_grouped, equals_packed_grouped
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
+from .readahead import ReadAheadWindow
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
 from .source import SourceCheckpoint, open_source
 from .validate import validate_logical
@@ -348,11 +350,9 @@ def _bounded(
     entries: tuple[PlanEntry, ...],
     submit: Callable[[PlanEntry], Future[PackedTensor]],
     budget: int,
-    prefetch: Callable[[PlanEntry], None] = lambda entry: None,
 ) -> Iterator[tuple[PlanEntry, Future[PackedTensor]]]:
     """Yield (entry, future) in plan order, keeping in-flight source bytes within ``budget``
-    (a single entry larger than the budget runs alone); ``prefetch`` is told the next entry
-    waiting for room, so its bytes can be read ahead while the window works."""
+    (a single entry larger than the budget runs alone)."""
     window: deque[tuple[PlanEntry, Future[PackedTensor]]] = deque()
     inflight = 0
     it = iter(entries)
@@ -362,8 +362,6 @@ def _bounded(
             window.append((pending, submit(pending)))
             inflight += pending.source_bytes
             pending = next(it, None)
-            if pending is not None:
-                prefetch(pending)
         entry, fut = window.popleft()
         yield entry, fut
         inflight -= entry.source_bytes
@@ -422,17 +420,23 @@ def convert_checkpoint(
         emit(None, 0)
         written = 0
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-encode") as pool:
+            # Cold source reads of the entries ahead overlap the encoding (page cache only).
+            ahead = ReadAheadWindow(
+                plan.entries,
+                lambda entry: entry.source_bytes,
+                lambda entry: src.prefetch(s.name for s in entry.sources),
+                min_items=jobs,
+            )
+            position = {entry.output: i for i, entry in enumerate(plan.entries)}
 
             def submit(entry: PlanEntry) -> Future[PackedTensor]:
                 # Deterministic per tensor, whatever the scheduling: which rows get spot-checked.
                 seed = zlib.crc32(entry.output.encode())
-                return pool.submit(_guarded, cancel, entry, src, used_device, jobs, seed)
-
-            def prefetch(entry: PlanEntry) -> None:
-                src.prefetch(s.name for s in entry.sources)
+                started = partial(ahead.started, position[entry.output])
+                return pool.submit(_guarded, cancel, started, entry, src, used_device, jobs, seed)
 
             try:
-                for entry, fut in _bounded(plan.entries, submit, budget, prefetch):
+                for entry, fut in _bounded(plan.entries, submit, budget):
                     packed = fut.result()
                     info = writer.add_packed(
                         entry.output,
@@ -476,6 +480,7 @@ def convert_checkpoint(
 
 def _guarded(
     cancel: threading.Event,
+    started: Callable[[], None],
     entry: PlanEntry,
     source: SourceCheckpoint,
     device: str,
@@ -484,4 +489,5 @@ def _guarded(
 ) -> PackedTensor:
     if cancel.is_set():
         raise EncodeError("conversion cancelled", tensor=entry.output)
+    started()
     return derive_packed(entry, source, device=device, threads=threads, seed=seed)

@@ -12,30 +12,44 @@ from ninfer_convert import readahead
 from ninfer_convert.readahead import CHUNK, ReadAheadWindow
 
 
-def test_window_requests_in_order_within_the_byte_limit() -> None:
-    sizes = [100, 50, 50, 50, 300, 10]
+def test_window_requests_in_order_within_the_byte_limit_past_the_started_items() -> None:
+    sizes = [100, 50, 50, 50, 300, 10, 10]
     asked: list[int] = []
-    window = ReadAheadWindow(list(range(len(sizes))), sizes.__getitem__, asked.append, 200)
+    window = ReadAheadWindow(list(range(len(sizes))), sizes.__getitem__, asked.append, 150)
     window.started(0)
-    assert asked == [0, 1, 2]  # 100 + 50 + 50 = 200: the limit counts from the started item
+    assert asked == [0, 1, 2, 3]  # the started item, then 50 + 50 + 50 = 150 beyond it
     window.started(1)
-    assert asked == [0, 1, 2, 3]  # 50 + 50 + 50 = 150; item 4 (300) would overflow
+    assert asked == [0, 1, 2, 3]  # 2 and 3 are 100 bytes ahead; item 4 (300) would overflow
+    window.started(2)
+    assert asked == [0, 1, 2, 3]  # 3 is ahead, and 50 + 300 would overflow
     window.started(3)
-    assert asked == [0, 1, 2, 3, 4]  # the next item is always requested, whatever its size
-    window.started(5)
-    assert asked == [0, 1, 2, 3, 4, 5]
+    assert asked == [0, 1, 2, 3, 4]  # at least one item ahead, whatever its size
     window.started(4)
-    assert asked == [0, 1, 2, 3, 4, 5]  # never twice
+    assert asked == [0, 1, 2, 3, 4, 5, 6]
+    window.started(3)
+    assert asked == [0, 1, 2, 3, 4, 5, 6]  # never twice
+
+
+def test_window_keeps_at_least_min_items_ahead() -> None:
+    asked: list[int] = []
+    window = ReadAheadWindow(list(range(8)), lambda i: 100, asked.append, 50, min_items=2)
+    window.started(0)
+    assert asked == [0, 1, 2]  # two items ahead although each alone exceeds the limit
+    window.started(1)
+    assert asked == [0, 1, 2, 3]
+    window.started(2)
+    assert asked == [0, 1, 2, 3, 4]
 
 
 def test_window_never_skips_an_item_started_out_of_order() -> None:
     asked: list[int] = []
-    window = ReadAheadWindow(list(range(6)), lambda i: 10, asked.append, 15)
+    window = ReadAheadWindow(list(range(7)), lambda i: 10, asked.append, 15)
     window.started(3)  # a later worker got there first: 0..2 are requested before it
     assert asked == [0, 1, 2, 3, 4]
-    window.started(0)
+    window.started(0)  # an earlier item started late changes nothing
+    assert asked == [0, 1, 2, 3, 4]
     window.started(5)
-    assert asked == [0, 1, 2, 3, 4, 5]
+    assert asked == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_window_is_safe_to_call_from_many_threads() -> None:

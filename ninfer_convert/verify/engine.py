@@ -95,11 +95,6 @@ DEFAULT_SEED = 0x5EED
 """Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
 _MIN_INFLIGHT_BYTES = 256 << 20
 """Bytes in flight below which jobs never wait for each other (convert's budget rule)."""
-_READ_AHEAD_BYTES = 256 << 20
-"""Stored plus source bytes requested ahead of the tensor a worker starts (page cache only).
-Deeper is not better: read-ahead queued in front of the workers' own page faults delays them
-(1 GiB: 4.1-4.2 s on the 2.2 GB benchmark, cold; 256 MiB: 3.7-4.1 s)."""
-
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -868,7 +863,7 @@ def _run_tensors(
 
     # Cold reads (stored planes and source) of the tensors ahead overlap the re-encoding, as
     # convert does for its source; page cache only, so the window costs no process memory.
-    ahead = ReadAheadWindow(names, stored_and_source_bytes, prefetch, _READ_AHEAD_BYTES)
+    ahead = ReadAheadWindow(names, stored_and_source_bytes, prefetch, min_items=jobs)
 
     def work(name: str) -> _TensorOutcome:
         nonlocal done
