@@ -32,8 +32,16 @@
 #define K_ALIGN 128
 #define MAX_PLANES 3
 
+/* Compiled for AVX2 and baseline x86-64 and picked at load time: signed byte min/max and the
+ * strided nibble loads only vectorise well with AVX2 (SSE2 lacks signed byte min/max). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
 /* Section 5/6.1 on one row: legal codes, +0 or finite positive scales, zero codes under +0. */
-static int row_valid(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_t groups,
+CLONES static int row_valid(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_t groups,
                      int group, int qmin, int qmax) {
     int8_t lo = 127, hi = -128;
     for (Py_ssize_t j = 0; j < k; j++) {
@@ -54,36 +62,41 @@ static int row_valid(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_
     return 1;
 }
 
-/* One row of every plane into `out` (the planes' row bytes back to back); `u` holds Kp bytes. */
-static void pack_row(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py_ssize_t kp,
-                     Py_ssize_t groups, Py_ssize_t gp, int bits, uint8_t *u, uint8_t *out) {
-    const uint8_t mask = (uint8_t)((1u << bits) - 1u);
-    for (Py_ssize_t j = 0; j < k; j++) u[j] = (uint8_t)c[j] & mask; /* two's complement mod 2^b */
-    memset(u + k, 0, (size_t)(kp - k));
-    uint8_t *o = out;
+static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t load32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* One row of every plane, plane i into dst[i].  `u` is the row's Kp code bytes with zero
+ * padding.  The int8 code bytes serve as u without masking: each field below takes only bits
+ * of a code below its width b (bits 0-3, bit 4 for Q5, bits 4-5 for Q6, all 8 for W8), and
+ * the low b bits of the two's-complement byte are u = q mod 2^b. */
+CLONES static void pack_row(const uint8_t *u, Py_ssize_t kp, const uint16_t *s,
+                            Py_ssize_t groups, Py_ssize_t gp, int bits, uint8_t *const *dst) {
+    int p = 0;
     if (bits == 8) {
-        memcpy(o, u, (size_t)kp);
-        o += kp;
+        memcpy(dst[p++], u, (size_t)kp);
     } else {
-        for (Py_ssize_t j = 0; j < kp / 2; j++)
-            o[j] = (uint8_t)((u[2 * j] & 15u) | (uint8_t)((u[2 * j + 1] & 15u) << 4));
-        o += kp / 2;
+        uint8_t *o = dst[p++];
+        for (Py_ssize_t j = 0; j < kp / 2; j++) /* the shift drops bits 4-7 of the odd code */
+            o[j] = (uint8_t)((u[2 * j] & 15u) | (uint8_t)(u[2 * j + 1] << 4));
         if (bits == 5) {
-            for (Py_ssize_t j = 0; j < kp / 8; j++) {
-                uint8_t b = 0;
-                for (int i = 0; i < 8; i++) b |= (uint8_t)(((u[8 * j + i] >> 4) & 1u) << i);
-                o[j] = b;
-            }
-            o += kp / 8;
+            /* Bit 4 of each of 8 bytes, gathered by one multiply: byte i's bit sits at 8i and
+             * the factor's term 2^(56-7i) moves it to 56+i; every other partial product lands
+             * at a distinct position below 56 or above 63, so nothing carries into the top byte. */
+            o = dst[p++];
+            for (Py_ssize_t j = 0; j < kp / 8; j++)
+                o[j] = (uint8_t)((((load64(u + 8 * j) >> 4) & 0x0101010101010101u) *
+                                  0x0102040810204080u) >> 56);
         } else if (bits == 6) {
-            for (Py_ssize_t j = 0; j < kp / 4; j++) {
-                uint8_t b = 0;
-                for (int i = 0; i < 4; i++) b |= (uint8_t)(((u[4 * j + i] >> 4) & 3u) << (2 * i));
-                o[j] = b;
-            }
-            o += kp / 4;
+            /* Bits 4-5 of each of 4 bytes: field i at 8i moves to 24+2i with the factor's term
+             * 2^(24-6i); the other partial products are 2-bit fields at 6, 12, 14, 18, 20, 22
+             * (no overlap, no carry) or beyond bit 31, which the 32-bit product drops. */
+            o = dst[p++];
+            for (Py_ssize_t j = 0; j < kp / 4; j++)
+                o[j] = (uint8_t)((uint32_t)(((load32(u + 4 * j) >> 4) & 0x03030303u) *
+                                            0x01041040u) >> 24);
         }
     }
+    uint8_t *o = dst[p];
     for (Py_ssize_t g = 0; g < gp; g++) { /* little-endian whatever the host */
         const uint16_t w = g < groups ? s[g] : 0;
         o[2 * g] = (uint8_t)(w & 0xFFu);
@@ -133,7 +146,8 @@ static PyObject *pack_rows(PyObject *self, PyObject *args) {
     }
     Py_ssize_t row_bytes = 0;
     for (int i = 0; i < nplanes; i++) row_bytes += strides[i];
-    uint8_t *scratch = (uint8_t *)PyMem_Malloc((size_t)(kp + row_bytes)); /* u, then one row */
+    /* u for rows with padding (K < Kp), then one packed row for the comparison. */
+    uint8_t *scratch = (uint8_t *)PyMem_Malloc((size_t)(kp + row_bytes));
     if (scratch == NULL) {
         for (int i = 0; i < nplanes; i++) PyBuffer_Release(&planes[i]);
         PyBuffer_Release(&codes);
@@ -145,8 +159,9 @@ static PyObject *pack_rows(PyObject *self, PyObject *args) {
     int result = 0;
 
     Py_BEGIN_ALLOW_THREADS
-    uint8_t *row = scratch + kp;
-    for (Py_ssize_t r = 0; r < n && result != 2; r++) {
+    memset(scratch + k, 0, (size_t)(kp - k)); /* the padding of u, zero for every row */
+    uint8_t *dst[MAX_PLANES];
+    for (Py_ssize_t r = 0; r < n; r++) {
         const int8_t *c = cb + r * k;
         const uint16_t *s = sb + r * groups;
         if (!row_valid(c, s, k, groups, group, qmin, qmax)) {
@@ -154,16 +169,22 @@ static PyObject *pack_rows(PyObject *self, PyObject *args) {
             break;
         }
         if (result == 1) continue; /* already different: only the value check is left */
-        pack_row(c, s, k, kp, groups, gp, bits, scratch, row);
-        const uint8_t *part = row;
-        for (int i = 0; i < nplanes; i++) {
-            uint8_t *dst = (uint8_t *)planes[i].buf + r * strides[i];
-            if (!compare)
-                memcpy(dst, part, (size_t)strides[i]);
-            else if (memcmp(dst, part, (size_t)strides[i]) != 0)
-                result = 1;
-            part += strides[i];
+        const uint8_t *u = (const uint8_t *)c;
+        if (k < kp) {
+            memcpy(scratch, c, (size_t)k);
+            u = scratch;
         }
+        uint8_t *row = scratch + kp;
+        for (int i = 0; i < nplanes; i++) {
+            dst[i] = compare ? row : (uint8_t *)planes[i].buf + r * strides[i];
+            row += strides[i];
+        }
+        pack_row(u, kp, s, groups, gp, bits, dst);
+        if (compare)
+            for (int i = 0; i < nplanes && result == 0; i++)
+                if (memcmp((const uint8_t *)planes[i].buf + r * strides[i], dst[i],
+                           (size_t)strides[i]) != 0)
+                    result = 1;
     }
     Py_END_ALLOW_THREADS
 
