@@ -217,6 +217,36 @@ def test_single_shard_when_everything_fits(tmp_path: Path) -> None:
     assert header_of(out / SINGLE_NAME)["shard"] == {"index": 1, "count": 1}
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
+def test_writer_hands_each_tensor_to_writeback_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every payload byte is handed to the kernel's writeback once, in order, right after its
+    tensor is written (not only at the final fsync), and the artifact is unchanged by it."""
+    calls: list[tuple[str, int, int, int]] = []
+    real = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, os.fstat(fd).st_size))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    out = write_small(tmp_path / "m", max_shard_size=300)
+    monkeypatch.undo()
+    assert _files(out) == _files(write_small(tmp_path / "ref", max_shard_size=300))
+    by_file: dict[str, list[tuple[int, int, int]]] = {}
+    for path, offset, length, size in calls:
+        by_file.setdefault(path, []).append((offset, length, size))
+    assert len(by_file) == len(list(out.glob("*.ninfer"))) > 1  # every shard
+    for ranges in by_file.values():
+        end = 0
+        for offset, length, size in ranges:
+            assert offset == end and length > 0  # contiguous, each byte once
+            assert offset + length == size  # everything written so far, flushed first
+            end = offset + length
+
+
 # ---------------------------------------------------------------------------------------------
 # Reproducibility
 

@@ -135,6 +135,24 @@ class _Shard:
     handle: BinaryIO | None
     cursor: int = PRELUDE_SIZE
     tensors: list[TensorEntry] = field(default_factory=list)
+    written_back: int = 0  # bytes [0, written_back) were handed to the kernel's writeback
+
+
+def _start_writeback(shard: _Shard) -> None:
+    """Start writing the shard's new bytes to disk now, without waiting for them.
+
+    Why: otherwise every byte sits dirty in the page cache until the final fsync, which then
+    writes the whole output while the CPU idles (about 1 s per GB here).  On Linux
+    ``POSIX_FADV_DONTNEED`` starts asynchronous writeback of a range's dirty pages (and drops
+    the range's clean pages, which the converter never reads back).  A hint only: the
+    commit's fsync is still what makes the bytes durable."""
+    handle = shard.handle
+    if handle is None or not hasattr(os, "posix_fadvise"):
+        return
+    handle.flush()
+    start, shard.written_back = shard.written_back, shard.cursor
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(handle.fileno(), start, shard.cursor - start, os.POSIX_FADV_DONTNEED)
 
 
 class ArtifactWriter:
@@ -394,6 +412,7 @@ class ArtifactWriter:
                 PlaneEntry(spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(data))
             )
             shard.cursor = offset + spec.nbytes
+        _start_writeback(shard)
         entry = TensorEntry(
             name=name,
             format=fmt_name,
