@@ -9,24 +9,17 @@ backend, with rows counted from ``row0``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..formats import NumericFormat
+from ..native import optional_module
 from .common import nonfinite_error, overflow_error, to_f32
 from .numpy_backend import _encode_rows
 
-_native: Any
-try:  # built by pip (pyproject.toml ext-modules) when a C compiler is available
-    from .. import _hostkernel as _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
-
-if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
-    raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C host kernel was not built")
+_native: Any = optional_module("_hostkernel")  # None when the build skipped it
 
 __all__ = ["HOST_KERNELS", "ErrorSums", "encode_rows", "native_available"]
 

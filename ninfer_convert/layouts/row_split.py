@@ -33,7 +33,6 @@ Contract (docs/layouts.md, section row-split-k128-v1 is normative):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
@@ -44,18 +43,12 @@ import numpy.typing as npt
 from ..errors import UsageError, ValueInvariantError
 from ..formats import NumericFormat
 from ..logical import GroupedCodes, LogicalTensor
+from ..native import optional_module
 from .base import Buffer, FormatLike, Layout, PlaneSpec, ceil_div, check_array, describe_bad_bytes
 
 __all__ = ["ROW_SPLIT_K128_V1", "BlockResult", "RowSplitK128", "Rows", "native_packer_available"]
 
-_native: Any
-try:  # built by pip (pyproject.toml ext-modules) when a C compiler is available
-    from .. import _rowsplit as _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
-
-if _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") == "1":  # pragma: no cover
-    raise ImportError("NINFER_REQUIRE_NATIVE=1 but the C row-split packer was not built")
+_native: Any = optional_module("_rowsplit")  # None when the build skipped it
 
 
 def native_packer_available() -> bool:
