@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import __version__
-from .container import DEFAULT_ALIGNMENT, ArtifactWriter
+from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
@@ -383,6 +383,7 @@ def convert_checkpoint(
     """Convert ``source`` with ``recipe`` into the model directory ``output``."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
+    check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})

@@ -176,6 +176,30 @@ def test_cli_convert_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert code == 0 and summary["tensors"] > 0 and "model.ninfer.index.json" in summary["files"]
 
 
+def test_cli_alignment_sets_the_plane_alignment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    code = main(["convert", str(EXAMPLE), "--recipe", str(QWEN_RECIPE), "--output", str(out),
+                 "--json", "--jobs", "1", "--alignment", "64"])  # fmt: skip
+    assert code == 0
+    with open_artifact(out) as art:
+        offsets = [p.offset for info in art.tensors.values() for p in info.planes]
+        assert all(o % 64 == 0 for o in offsets) and any(o % 4096 for o in offsets)
+
+
+@pytest.mark.parametrize("alignment", ["100", "32", str(1 << 31)])
+def test_cli_bad_alignment_is_refused_before_reading_the_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], alignment: str
+) -> None:
+    out = tmp_path / "o"
+    code = main(["convert", str(tmp_path / "missing"), "--recipe", str(QWEN_RECIPE),
+                 "--output", str(out), "--alignment", alignment])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "power of two in [64, 1073741824]" in err  # not "no such file"
+    assert not out.exists()
+
+
 def test_cuda_device_without_gpu_is_a_usage_error(tmp_path: Path) -> None:
     import torch
 

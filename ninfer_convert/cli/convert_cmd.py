@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ..container import DEFAULT_ALIGNMENT
 from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
 from ..recipe import Plan
@@ -147,6 +148,8 @@ def render_report(report: ConvertReport) -> None:
               help="Worker threads.")  # fmt: skip
 @click.option("--max-shard-size", "max_shard_size", default=None,
               help="Split the artifact into shards of at most this size (e.g. 5GB).")  # fmt: skip
+@click.option("--alignment", type=int, default=DEFAULT_ALIGNMENT, show_default=True,
+              help="Byte alignment of every plane: a power of two in [64, 2^30].")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit without writing.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--ignore-identity", is_flag=True,
@@ -159,6 +162,7 @@ def command(
     device: str,
     jobs: int,
     max_shard_size: str | None,
+    alignment: int,
     dry_run: bool,
     force: bool,
     ignore_identity: bool,
@@ -179,7 +183,8 @@ def command(
     with _Reporter(quiet=as_json) as reporter:
         report = convert_checkpoint(
             source, recipe, output, device=device, jobs=jobs, max_shard_size=shard_size,
-            force=force, check_identity=not ignore_identity, progress=reporter,
+            alignment=alignment, force=force, check_identity=not ignore_identity,
+            progress=reporter,
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -33,7 +33,7 @@ from .schema import (
     TransposeTransform,
 )
 from .wire import DEFAULT_ALIGNMENT, INDEX_NAME, SINGLE_NAME, digest_hex, shard_name
-from .writer import ArtifactWriter, WrittenTensor
+from .writer import ArtifactWriter, WrittenTensor, check_writer_alignment
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
@@ -66,6 +66,7 @@ __all__ = [
     "Transform",
     "TransposeTransform",
     "WrittenTensor",
+    "check_writer_alignment",
     "digest_hex",
     "open_artifact",
     "shard_name",

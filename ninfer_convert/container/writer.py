@@ -79,7 +79,7 @@ from .wire import (
     shard_name,
 )
 
-__all__ = ["ArtifactWriter", "WrittenTensor"]
+__all__ = ["ArtifactWriter", "WrittenTensor", "check_writer_alignment"]
 
 _COPY_CHUNK = 8 << 20
 _ZEROS = bytes(64 << 10)
@@ -88,6 +88,16 @@ INDEX_VERSION = 1
 
 def _usage(exc: SchemaError, what: str) -> UsageError:
     return UsageError(f"{what}: {exc.where}: {exc.message}")
+
+
+def check_writer_alignment(alignment: object) -> None:
+    """A usable plane alignment (an int, a power of two in [64, 2^30]), else a UsageError."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        raise UsageError(f"alignment must be an int, not {alignment!r}")
+    try:
+        check_alignment(alignment, "alignment")
+    except SchemaError as exc:
+        raise _usage(exc, "ArtifactWriter") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -168,12 +178,7 @@ class ArtifactWriter:
         overwrite: bool = False,
     ) -> None:
         self.out_dir = Path(out_dir).absolute()
-        if isinstance(alignment, bool) or not isinstance(alignment, int):
-            raise UsageError(f"alignment must be an int, not {alignment!r}")
-        try:
-            check_alignment(alignment, "alignment")
-        except SchemaError as exc:
-            raise _usage(exc, "ArtifactWriter") from None
+        check_writer_alignment(alignment)
         if max_shard_size is not None and (
             isinstance(max_shard_size, bool)
             or not isinstance(max_shard_size, int)
