@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -655,3 +656,35 @@ def test_tiny_errors_are_neither_exact_nor_lost_to_underflow() -> None:
     assert not s.exact and s.max_abs_error == float(x.max())
     assert s.rms_error == pytest.approx(float(np.sqrt((x64 * x64).mean())), rel=1e-12)
     assert s.sqnr_db == pytest.approx(0.0, abs=1e-9)  # all of the signal is error
+
+
+def test_identity_findings_are_not_repeated_when_a_re_derivation_fails(
+    synthetic: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tensor that differs is derived a second time to locate the differences; when that
+    # fails (say the source changed in between), its source digests are read again, and a
+    # finding the first read made ("records no digest") must not be reported twice.
+    import ninfer_convert.convert as convert_module
+    from ninfer_convert.errors import SourceError
+
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    [container] = container_files(art)
+
+    def drop_digest(header: dict[str, Any]) -> None:
+        del header["artifact"]["source"]["tensors"]["emb.weight"]
+
+    rewrite_header(container, drop_digest)
+    _, offset, _ = plane_offset(art, "emb.weight", "lo4")  # Q6: lo4, hi2, scales
+    patch_bytes(art, lambda path, data: data.__setitem__(offset, data[offset] ^ 0x01))
+    real = convert_module.derive_packed
+
+    def derive_packed(entry: object, *args: object, **kwargs: object) -> object:
+        if getattr(entry, "output", None) == "emb.weight":
+            raise SourceError("source changed during the check", tensor="emb.weight")
+        return real(entry, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert_module, "derive_packed", derive_packed)
+    report = run(art)
+    identity = [f.message for f in report.check("source-identity").findings]
+    assert len([m for m in identity if "records no digest" in m]) == 1, identity
+    assert "cannot re-derive it" in " ".join(failed(report)["source-words"])

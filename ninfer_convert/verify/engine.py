@@ -393,13 +393,19 @@ def _mismatch(check: str, what: str, m: Mismatch, where: str) -> Finding:
 def _digest_findings(
     ctx: _SourceContext, entry: PlanEntry, digests: dict[str, str], out: _TensorOutcome
 ) -> bool:
-    """Compare the digests read with the recorded ones; True when a source tensor changed."""
+    """Compare the digests read with the recorded ones; True when a source tensor changed.
+    Called again after a failed re-derivation, so a finding already recorded is not repeated."""
     changed = False
+
+    def add(finding: Finding) -> None:
+        if finding not in out.identity:
+            out.identity.append(finding)
+
     for src in entry.sources:
         now = digests.get(src.name)
         was = ctx.recorded.get(src.name)
         if was is None:
-            out.identity.append(
+            add(
                 Finding.of(
                     "source-identity",
                     ArtifactError(
@@ -410,7 +416,7 @@ def _digest_findings(
             )
         elif now is not None and now != was:
             changed = True
-            out.identity.append(
+            add(
                 Finding.of(
                     "source-identity",
                     SourceError(
