@@ -22,6 +22,7 @@ from common import best_of, machine
 from ninfer_convert.encoder import encode_grouped_words
 from ninfer_convert.encoder.host import native_available
 from ninfer_convert.fused import encode_pack_grouped
+from ninfer_convert.layouts.row_split import native_packer_available
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
@@ -56,12 +57,16 @@ def main() -> None:
             args.repeat,
         )
         rows.append((fmt, f"torch-{args.device}", t_t))
-        for kernel in ("numpy", "native") if native_available() else ("numpy",):
+        # "native" is the C encoder with the C packer; with only one of them built, say so.
+        native = {(True, True): "native", (True, False): "native encoder + numpy pack",
+                  (False, True): "numpy encoder + native pack"}.get(
+            (native_available(), native_packer_available()))  # fmt: skip
+        for kernel in ("numpy", "native") if native is not None else ("numpy",):
             t_f = best_of(
                 lambda f=fmt, kern=kernel: encode_pack_grouped(words, "BF16", f, kernel=kern),
                 args.repeat,
             )
-            rows.append((fmt, f"fused+pack {kernel}", t_f))
+            rows.append((fmt, f"fused+pack {native if kernel == 'native' else kernel}", t_f))
 
     try:
         import gguf

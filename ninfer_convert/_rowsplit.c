@@ -32,6 +32,11 @@
 #define K_ALIGN 128
 #define MAX_PLANES 3
 
+/* The bit gathers below read 8 or 4 code bytes as one little-endian integer. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#error "_rowsplit.c assumes a little-endian host; the build skips it and numpy packs instead"
+#endif
+
 /* Compiled for AVX2 and baseline x86-64 and picked at load time: signed byte min/max and the
  * strided nibble loads only vectorise well with AVX2 (SSE2 lacks signed byte min/max). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -115,16 +120,22 @@ static PyObject *pack_rows(PyObject *self, PyObject *args) {
         return NULL;
     const int nplanes = bits == 4 || bits == 8 ? 2 : 3;
     Py_ssize_t groups = 0, kp = 0, gp = 0, strides[MAX_PLANES] = {0};
+    /* Bounds first, so that no size below can overflow: every plane row is at most 2 * Kp
+     * bytes (scales: 2 * Kp / group), so 4 * Kp bounds a row of all planes together. */
     int ok = (bits == 4 || bits == 5 || bits == 6 || bits == 8) && n >= 0 && k > 0 &&
-             group > 0 && K_ALIGN % group == 0 && qmin >= -128 && qmax <= 127;
+             k <= PY_SSIZE_T_MAX / 8 - K_ALIGN && group > 0 && K_ALIGN % group == 0 &&
+             qmin >= -128 && qmax <= 127;
     if (ok) {
         groups = (k + group - 1) / group;
         kp = (k + K_ALIGN - 1) / K_ALIGN * K_ALIGN;
         gp = kp / group;
+        ok = n <= PY_SSIZE_T_MAX / (4 * kp);
+    }
+    if (ok) {
         strides[0] = bits == 8 ? kp : kp / 2;
         if (nplanes == 3) strides[1] = bits == 5 ? kp / 8 : kp / 4;
         strides[nplanes - 1] = 2 * gp;
-        ok = codes.len >= n * k && scales.len >= n * groups * 2 && PyTuple_Check(plane_seq) &&
+        ok = codes.len == n * k && scales.len == n * groups * 2 && PyTuple_Check(plane_seq) &&
              PyTuple_GET_SIZE(plane_seq) == nplanes;
     }
     int got = 0;

@@ -50,7 +50,8 @@ BLOCK_ELEMENTS = 1 << 19
 :data:`~.encoder.numpy_backend.CHUNK_ELEMENTS`.  A native block costs two Python-level calls,
 so blocks larger than numpy's 256 K win: on the 2.2 GB benchmark, cold, verify took
 2.69-2.88 s at 256 K, 2.30-2.55 s at 512 K and 2.34-2.81 s at 1 M values (convert unchanged
-within noise).  A block's codes, scales and source rows stay within a core's 2 MiB L2."""
+within noise).  A block of BF16 or F16 source rows (1 MiB) plus its codes and scales stays
+within a core's 2 MiB L2; F32 source rows alone fill it."""
 
 BlockHook = Callable[
     [

@@ -80,9 +80,11 @@ def _advise(path: str, offset: int, length: int) -> None:
 
 
 class ReadAheadWindow(Generic[T]):
-    """Keep read-ahead requested for the items after the furthest one started, in order: at
-    least ``min_items`` of them and, beyond those, as many as fit in ``limit`` bytes of items
-    not started yet.
+    """Keep read-ahead requested for the items after the furthest one started, in order: as
+    many as fit in ``limit`` bytes of items not started yet, and at least ``min_items`` of
+    them whatever their size (so with huge items the page cache may hold ``min_items`` of
+    them ahead: page cache, not process memory, but it can evict pages not yet read on a
+    machine with little free memory).
 
     Workers call :meth:`started` with an item's index as they begin it (from any thread); the
     first call requests the first window, later calls top it up, and no item is requested

@@ -4,7 +4,9 @@ schema round trips and the public reader API."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +158,7 @@ def test_empty_artifact_and_zero_size_tensor(tmp_path: Path) -> None:
 
 
 def test_sharded_layout_and_index(tmp_path: Path) -> None:
-    out = write_small(tmp_path / "m", max_shard_size=300)
+    out = write_small(tmp_path / "m", max_shard_size=3 * mmap.PAGESIZE)
     names = sorted(os.listdir(out))
     shards = [n for n in names if n.endswith(".ninfer")]
     count = len(shards)
@@ -217,12 +219,12 @@ def test_single_shard_when_everything_fits(tmp_path: Path) -> None:
     assert header_of(out / SINGLE_NAME)["shard"] == {"index": 1, "count": 1}
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 def test_writer_hands_each_tensor_to_writeback_as_it_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every payload byte is handed to the kernel's writeback once, in order, right after its
-    tensor is written (not only at the final fsync), and the artifact is unchanged by it."""
+    """Every whole page of payload is handed to the kernel's writeback once, in order, right
+    after its tensor is written (not only at the final fsync); the artifact is unchanged."""
     calls: list[tuple[str, int, int, int]] = []
     real = os.posix_fadvise
 
@@ -231,19 +233,29 @@ def test_writer_hands_each_tensor_to_writeback_as_it_is_written(
             calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, os.fstat(fd).st_size))
         real(fd, offset, length, advice)
 
+    def write(out: Path) -> Path:
+        page = mmap.PAGESIZE
+        with ArtifactWriter(out, metadata=META, alignment=64, max_shard_size=4 * page) as w:
+            for i in range(8):  # tensors of 1.5 pages: whole and partial pages, 3 shards
+                logical = make_logical("BF16", (1, 3 * page // 4), i)
+                w.add(f"w{i}", "BF16", logical, role="r", provenance=provenance("BF16"))
+        return out
+
     monkeypatch.setattr(os, "posix_fadvise", record)
-    out = write_small(tmp_path / "m", max_shard_size=300)
+    out = write(tmp_path / "m")
     monkeypatch.undo()
-    assert _files(out) == _files(write_small(tmp_path / "ref", max_shard_size=300))
+    assert _files(out) == _files(write(tmp_path / "ref"))
     by_file: dict[str, list[tuple[int, int, int]]] = {}
     for path, offset, length, size in calls:
         by_file.setdefault(path, []).append((offset, length, size))
     assert len(by_file) == len(list(out.glob("*.ninfer"))) > 1  # every shard
+    page = mmap.PAGESIZE
     for ranges in by_file.values():
         end = 0
         for offset, length, size in ranges:
-            assert offset == end and length > 0  # contiguous, each byte once
-            assert offset + length == size  # everything written so far, flushed first
+            assert offset == end and length > 0  # contiguous, each page once
+            assert (offset + length) % page == 0  # whole pages: the last one is still growing
+            assert size - page < offset + length <= size  # all written so far, flushed first
             end = offset + length
 
 
@@ -513,7 +525,7 @@ def test_open_variants(tmp_path: Path) -> None:
 
 
 def test_schema_roundtrip(tmp_path: Path) -> None:
-    out = write_small(tmp_path / "m", max_shard_size=300)
+    out = write_small(tmp_path / "m", max_shard_size=3 * mmap.PAGESIZE)
     for path in sorted(out.glob("*.ninfer")):
         value = header_of(path)
         header = Header.from_json(value)

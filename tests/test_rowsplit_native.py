@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ninfer_convert.errors import UsageError
 from ninfer_convert.formats import FORMATS, NumericFormat
 from ninfer_convert.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.layouts import lookup_layout
@@ -181,3 +182,29 @@ def test_fused_paths_with_and_without_the_native_packer_agree(name: str) -> None
     _assert_same_planes(native, numpy_path, 300)
     assert equals_packed_grouped(words, "BF16", name, native, kernel="numpy")
     assert equals_packed_grouped(words, "BF16", name, numpy_path)
+
+
+def test_native_pack_refuses_codes_and_scales_it_would_misread() -> None:
+    fmt = FORMATS["Q4G64_F16S"]
+    codes, scales = _random_block(fmt, 2, 128, np.random.default_rng(1))
+    planes = [np.zeros(s.nbytes, np.uint8) for s in ROW_SPLIT_K128_V1.planes(fmt, codes.shape)]
+    bad = [
+        (codes.astype(np.int16), scales, "dtype int16"),
+        (codes, np.zeros((2, 3), np.uint16), r"shape \[2, 3\]"),
+        (codes, scales.astype(">u2"), "native byte order"),
+        (np.asfortranarray(codes), scales, "C-contiguous"),
+        (codes[:, ::2], scales[:, :1], "C-contiguous"),
+    ]
+    for c, s, message in bad:
+        with pytest.raises(UsageError, match=message):
+            ROW_SPLIT_K128_V1.pack_rows_into(fmt, c, s, planes)
+
+
+def test_native_pack_sizes_cannot_overflow() -> None:
+    from ninfer_convert import _rowsplit
+
+    # n * k and every plane size would wrap around in 64-bit arithmetic: refused, not packed.
+    for n, k in ((1 << 62, 4), (4, 1 << 62), (1 << 40, 1 << 30)):
+        with pytest.raises(ValueError, match="inconsistent arguments"):
+            _rowsplit.pack_rows(bytearray(8), bytearray(8), n, k, 32, 8, -127, 127,
+                                (bytearray(0), bytearray(0)), False)  # fmt: skip

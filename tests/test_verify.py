@@ -35,7 +35,7 @@ from verify_fixtures import (
 
 from ninfer_convert.container import open_artifact
 from ninfer_convert.container.wire import INDEX_NAME
-from ninfer_convert.convert import convert_checkpoint
+from ninfer_convert.convert import convert_checkpoint, plan_conversion
 from ninfer_convert.errors import UsageError
 from ninfer_convert.formats import FORMATS
 from ninfer_convert.logical import FP8RowWords, GroupedCodes, NVFP4Words
@@ -688,3 +688,52 @@ def test_identity_findings_are_not_repeated_when_a_re_derivation_fails(
     identity = [f.message for f in report.check("source-identity").findings]
     assert len([m for m in identity if "records no digest" in m]) == 1, identity
     assert "cannot re-derive it" in " ".join(failed(report)["source-words"])
+
+
+@pytest.mark.parametrize("jobs", [2, 4])
+def test_tensors_that_differ_are_rederived_within_the_byte_budget(
+    synthetic: tuple[Path, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    jobs: int,
+) -> None:
+    # Block-compared tensors are admitted at no cost; one that differs reserves its source
+    # bytes before it is derived whole.  With several differing at once, the bytes in flight
+    # stay within the budget (or one tensor runs alone), and nothing deadlocks.
+    import threading
+
+    from ninfer_convert.verify import engine
+
+    art = copy_artifact(synthetic[2], tmp_path / "a")
+    planes = {"emb.weight": "lo4", "mlp.up.weight": "lo4", "attn.x.weight": "codes",
+              "mlp.down_t.weight": "codes"}  # fmt: skip
+    offsets = [plane_offset(art, t, p)[1] for t, p in planes.items()]
+
+    def flip(path: Path, data: bytearray) -> None:
+        for offset in offsets:
+            data[offset] ^= 0x01
+
+    patch_bytes(art, flip)
+    monkeypatch.setattr(engine, "_MIN_INFLIGHT_BYTES", 1)  # budget = the largest tensor
+    peaks: list[tuple[int, int, int]] = []
+    acquire = engine._ByteBudget.acquire
+
+    def recording_acquire(self: engine._ByteBudget, cost: int) -> None:
+        acquire(self, cost)
+        peaks.append((self.inflight, cost, self.budget))
+
+    monkeypatch.setattr(engine._ByteBudget, "acquire", recording_acquire)
+    result: list[VerifyReport] = []
+    worker = threading.Thread(target=lambda: result.append(run(art, jobs=jobs)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert result, "verify did not finish"
+    flagged = {f.tensor for f in result[0].check("source-words").findings}
+    assert flagged == set(planes)
+    _, plan = plan_conversion(synthetic[0], synthetic[1])
+    emb = next(e for e in plan.entries if e.output == "emb.weight")
+    others = [e.source_bytes for e in plan.entries if e.output != "emb.weight"]
+    assert emb.source_bytes not in others  # so only its reservation acquires that many bytes
+    assert emb.source_bytes in [cost for _, cost, _ in peaks]
+    assert all(inflight <= budget or inflight == cost for inflight, cost, budget in peaks), peaks
+    assert all(cost <= budget for _, cost, budget in peaks)  # the budget covers any tensor

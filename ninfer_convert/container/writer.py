@@ -28,6 +28,7 @@ Usage errors (bad names, wrong shapes, bad metadata) raise :class:`UsageError` /
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import secrets
 import shutil
@@ -149,20 +150,25 @@ class _Shard:
 
 
 def _start_writeback(shard: _Shard) -> None:
-    """Start writing the shard's new bytes to disk now, without waiting for them.
+    """Start writing the shard's new whole pages to disk now, without waiting for them.
 
     Why: otherwise every byte sits dirty in the page cache until the final fsync, which then
-    writes the whole output while the CPU idles (about 1 s per GB here).  On Linux
-    ``POSIX_FADV_DONTNEED`` starts asynchronous writeback of a range's dirty pages (and drops
-    the range's clean pages, which the converter never reads back).  A hint only: the
-    commit's fsync is still what makes the bytes durable."""
+    writes the whole output while the CPU idles (about 0.6 s per GB here).  On Linux
+    ``POSIX_FADV_DONTNEED`` starts asynchronous writeback of a range's dirty pages (pages
+    just written are dirty or under writeback, so none is dropped).  The range ends at a page
+    boundary: the partly written last page gets more bytes (the next tensor's gap) and is
+    handed over with the next range, so no page is written twice.  A hint only: the commit's
+    fsync is still what makes the bytes durable."""
     handle = shard.handle
     if handle is None or not hasattr(os, "posix_fadvise"):
         return
+    end = shard.cursor - shard.cursor % mmap.PAGESIZE
+    if end <= shard.written_back:  # a zero length would mean "to the end of the file"
+        return
     handle.flush()
-    start, shard.written_back = shard.written_back, shard.cursor
+    start, shard.written_back = shard.written_back, end
     with contextlib.suppress(OSError):
-        os.posix_fadvise(handle.fileno(), start, shard.cursor - start, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(handle.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
 
 
 class ArtifactWriter:

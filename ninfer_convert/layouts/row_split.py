@@ -217,11 +217,19 @@ class RowSplitK128(Layout):
         Needs the C packer (:func:`native_packer_available`)."""
         if _native is None:  # pragma: no cover - depends on the build
             raise RuntimeError("the C row-split packer was not built")
-        assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+        group = _group(fmt)
+        assert fmt.qmin is not None and fmt.qmax is not None
+        if not isinstance(codes, np.ndarray) or codes.ndim != 2:
+            raise UsageError(f"{fmt.name} codes must be a two-dimensional numpy array")
         r, k = codes.shape
+        check_array(codes, f"{fmt.name} codes", "i", 1, (r, k))
+        check_array(scales, f"{fmt.name} scales", "u", 2, (r, ceil_div(k, group)))
+        for arr, what in ((codes, "codes"), (scales, "scales")):
+            if not arr.flags.c_contiguous or not arr.dtype.isnative:
+                raise UsageError(f"{fmt.name} {what} must be C-contiguous in native byte order")
         result = _native.pack_rows(
-            codes, scales, r, k, fmt.group_size, fmt.code_bits, fmt.qmin, fmt.qmax,
-            tuple(planes), compare,
+            codes, scales, r, k, group, fmt.code_bits, fmt.qmin, fmt.qmax, tuple(planes),
+            compare,
         )  # fmt: skip
         return BlockResult(result)
 

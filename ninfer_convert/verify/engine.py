@@ -260,8 +260,26 @@ def _blockwise(ctx: _SourceContext, entry: PlanEntry) -> bool:
     return lookup_format(entry.format).is_grouped and ctx.device == "cpu"
 
 
-def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _TensorOutcome:
+def _source_bytes(ctx: _SourceContext | None, name: str) -> int:
+    entry = ctx.entries.get(name) if ctx is not None else None
+    return entry.source_bytes if entry is not None else 0
+
+
+def _mapped_only(entry: PlanEntry) -> bool:
+    """Whether materialize hands the encoder a view of the memory-mapped source: one source
+    tensor and only reshapes (a concat or a transpose builds a copy)."""
+    return len(entry.sources) == 1 and all(step.op == "reshape" for step in entry.transforms)
+
+
+def _check_tensor(
+    art: Artifact,
+    name: str,
+    ctx: _SourceContext | None,
+    reserve: Callable[[int], None] = lambda nbytes: None,
+) -> _TensorOutcome:
     """All per-tensor checks of one tensor (values, and against the source when ``ctx``).
+    ``reserve(nbytes)`` is called, and may wait, before a block-compared tensor that differs
+    is derived whole (the memory its admission did not count).
 
     With a source, the tensor is re-derived first and packed with its registered layout; when
     the packed planes equal the stored planes byte for byte, the stored logical words are the
@@ -312,6 +330,7 @@ def _check_tensor(art: Artifact, name: str, ctx: _SourceContext | None) -> _Tens
             assert packed is not None
             equal = _stored_equals(art, name, packed.planes)
         elif not equal:
+            reserve(entry.source_bytes)
             packed = derive_packed(entry, ctx.source, device=ctx.device, threads=ctx.threads)
     except NinferError as exc:
         _read_and_check_values(art, name, out)
@@ -853,21 +872,23 @@ def _run_tensors(
     emit("tensors", 0, total, None)
 
     def cost(name: str) -> int:
-        # What the check allocates: nothing tensor-sized when a grouped tensor is compared
-        # block by block (source and stored planes are mapped, not copied), so such tensors
-        # never wait for each other; convert's measure (source bytes) when a tensor is
-        # re-derived whole; the stored bytes when it is only decoded.  A grouped tensor that
-        # differs is re-derived whole to locate the differences, outside this accounting:
-        # its codes and planes take 0.8x (Q4) to 1.0x (W8) its BF16 source bytes, so two at
-        # once stay within the 2x largest tensor + 256 MB of the contract.
+        # What the check allocates.  Nothing tensor-sized for a grouped tensor compared block
+        # by block straight from the mapped source (source and stored planes are mapped, not
+        # copied), so such tensors never wait for each other; one that differs reserves its
+        # source bytes before it is derived whole (``reserve`` below).  Convert's measure
+        # (source bytes) for any other re-derived tensor; the stored bytes for a tensor that
+        # is only decoded.
         entry = ctx.entries.get(name) if ctx is not None else None
         if entry is None:
             return art.tensors[name].nbytes
         assert ctx is not None
-        return 0 if _blockwise(ctx, entry) else entry.source_bytes
+        return 0 if _blockwise(ctx, entry) and _mapped_only(entry) else entry.source_bytes
 
     costs = {n: cost(n) for n in names}
-    budget = _ByteBudget(max(max(costs.values(), default=0), _MIN_INFLIGHT_BYTES))
+    # Sized for the largest tensor whatever its admission cost: a block-compared tensor that
+    # differs reserves its source bytes later.
+    largest = max((max(costs[n], _source_bytes(ctx, n)) for n in names), default=0)
+    budget = _ByteBudget(max(largest, _MIN_INFLIGHT_BYTES))
 
     position = {n: i for i, n in enumerate(names)}
 
@@ -887,14 +908,22 @@ def _run_tensors(
 
     def work(name: str) -> _TensorOutcome:
         nonlocal done
-        budget.acquire(costs[name])
+        held = costs[name]
+        budget.acquire(held)
         ahead.started(position[name])
+
+        def reserve(nbytes: int) -> None:
+            nonlocal held
+            if held == 0:  # a tensor admitted with a cost already holds its source bytes
+                budget.acquire(nbytes)
+                held = nbytes
+
         try:
-            result = _check_tensor(art, name, ctx)
+            result = _check_tensor(art, name, ctx, reserve)
             if result.integrity is None:  # not digested on the way: read the planes for it
                 result.integrity = [Finding.of("integrity", e) for e in art.verify_tensor(name)]
         finally:
-            budget.release(costs[name])
+            budget.release(held)
         with lock:
             done += 1
             count = done
