@@ -158,7 +158,7 @@ def test_empty_artifact_and_zero_size_tensor(tmp_path: Path) -> None:
 
 
 def test_sharded_layout_and_index(tmp_path: Path) -> None:
-    out = write_small(tmp_path / "m", max_shard_size=3 * mmap.PAGESIZE)
+    out = write_small(tmp_path / "m", max_shard_size=300)
     names = sorted(os.listdir(out))
     shards = [n for n in names if n.endswith(".ninfer")]
     count = len(shards)
@@ -525,7 +525,7 @@ def test_open_variants(tmp_path: Path) -> None:
 
 
 def test_schema_roundtrip(tmp_path: Path) -> None:
-    out = write_small(tmp_path / "m", max_shard_size=3 * mmap.PAGESIZE)
+    out = write_small(tmp_path / "m", max_shard_size=300)
     for path in sorted(out.glob("*.ninfer")):
         value = header_of(path)
         header = Header.from_json(value)
