@@ -126,8 +126,7 @@ def equals_packed_grouped(
 
     def after(r0: int, r1: int) -> None:
         nonlocal digested
-        if digests is None:
-            return
+        assert digests is not None
         with lock:  # digests need the bytes in order; blocks finish in any order
             done[r0] = r1
             while digested in done:
@@ -136,8 +135,9 @@ def equals_packed_grouped(
                     digest.update(plane[digested * stride : end * stride])
                 digested = end
 
-    equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True, after, tensor,
-                        threads, chunk_elements, on_block, kernel)  # fmt: skip
+    equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True,
+                        after if digests is not None else None, tensor, threads, chunk_elements,
+                        on_block, kernel)  # fmt: skip
     for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
         digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
     return equal
