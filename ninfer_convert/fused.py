@@ -199,10 +199,11 @@ def _run_blocks(
             result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)
             if result is BlockResult.INVALID:  # pragma: no cover - the encoder cannot emit these
                 _raise_invalid(fmt, codes, scales, tensor)
+                raise RuntimeError("the row-split packer rejected values grouped_problems accepts")
             if result is BlockResult.DIFFERENT:
                 differs.set()
         else:
-            _raise_invalid(fmt, codes, scales, tensor, only_if_found=True)
+            _raise_invalid(fmt, codes, scales, tensor)
             packed = layout.pack(fmt, GroupedCodes(codes, scales))
             for part, new in zip(parts, packed, strict=True):
                 if not compare:
@@ -227,13 +228,10 @@ def _raise_invalid(
     codes: npt.NDArray[np.int8],
     scales: npt.NDArray[np.uint16],
     tensor: str | None,
-    *,
-    only_if_found: bool = False,
 ) -> None:
-    """Raise the first Section 5/6.1 problem of a block (defence in depth: the encoder cannot
-    emit one); the C packer only says that there is one, grouped_problems says which."""
+    """Raise the first Section 5/6.1 problem of a block, if it has one (defence in depth: the
+    encoder cannot emit one); the C packer only says that there is one, grouped_problems says
+    which."""
     problems = grouped_problems(fmt, codes, scales, tensor)
     if problems:
         raise problems[0]
-    if not only_if_found:  # pragma: no cover - the packer and grouped_problems disagree
-        raise RuntimeError("the row-split packer rejected values grouped_problems accepts")

@@ -260,11 +260,6 @@ def _blockwise(ctx: _SourceContext, entry: PlanEntry) -> bool:
     return lookup_format(entry.format).is_grouped and ctx.device == "cpu"
 
 
-def _source_bytes(ctx: _SourceContext | None, name: str) -> int:
-    entry = ctx.entries.get(name) if ctx is not None else None
-    return entry.source_bytes if entry is not None else 0
-
-
 def _mapped_only(entry: PlanEntry) -> bool:
     """Whether materialize hands the encoder a view of the memory-mapped source: one source
     tensor and only reshapes (a concat or a transpose builds a copy)."""
@@ -871,6 +866,9 @@ def _run_tensors(
     lock = threading.Lock()
     emit("tensors", 0, total, None)
 
+    def entry_of(name: str) -> PlanEntry | None:
+        return ctx.entries.get(name) if ctx is not None else None
+
     def cost(name: str) -> int:
         # What the check allocates.  Nothing tensor-sized for a grouped tensor compared block
         # by block straight from the mapped source (source and stored planes are mapped, not
@@ -878,27 +876,30 @@ def _run_tensors(
         # source bytes before it is derived whole (``reserve`` below).  Convert's measure
         # (source bytes) for any other re-derived tensor; the stored bytes for a tensor that
         # is only decoded.
-        entry = ctx.entries.get(name) if ctx is not None else None
+        entry = entry_of(name)
         if entry is None:
             return art.tensors[name].nbytes
         assert ctx is not None
         return 0 if _blockwise(ctx, entry) and _mapped_only(entry) else entry.source_bytes
 
+    def source_bytes(name: str) -> int:
+        entry = entry_of(name)
+        return entry.source_bytes if entry is not None else 0
+
     costs = {n: cost(n) for n in names}
     # Sized for the largest tensor whatever its admission cost: a block-compared tensor that
     # differs reserves its source bytes later.
-    largest = max((max(costs[n], _source_bytes(ctx, n)) for n in names), default=0)
+    largest = max((max(costs[n], source_bytes(n)) for n in names), default=0)
     budget = _ByteBudget(max(largest, _MIN_INFLIGHT_BYTES))
 
     position = {n: i for i, n in enumerate(names)}
 
     def stored_and_source_bytes(name: str) -> int:
-        entry = ctx.entries.get(name) if ctx is not None else None
-        return art.tensors[name].nbytes + (entry.source_bytes if entry is not None else 0)
+        return art.tensors[name].nbytes + source_bytes(name)
 
     def prefetch(name: str) -> None:
         art.prefetch(name)
-        entry = ctx.entries.get(name) if ctx is not None else None
+        entry = entry_of(name)
         if ctx is not None and entry is not None:
             ctx.source.prefetch(s.name for s in entry.sources)
 
