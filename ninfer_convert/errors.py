@@ -17,6 +17,10 @@ code  class                   meaning
 4     SourceError             the source checkpoint is unreadable or inconsistent
 5     EncodeError             source values cannot be represented (NaN, overflow)
 6     ArtifactError           the artifact is malformed, corrupt or fails a check
+7     ResourceError           the machine refused a resource (disk full, permission,
+                              read-only file system, quota, output locked by another run)
+8     SignatureError          a signature is missing, malformed or does not match
+9     QualityError            ``ninfer eval`` measured below an opted-in threshold
 ====  ======================  =====================================================
 """
 
@@ -30,7 +34,10 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "NinferError",
+    "QualityError",
     "RecipeError",
+    "ResourceError",
+    "SignatureError",
     "SourceError",
     "UsageError",
     "ValueInvariantError",
@@ -112,3 +119,24 @@ class IntegrityError(ArtifactError):
 
 class ValueInvariantError(ArtifactError):
     """Stored words break a format's value rules (illegal code, invalid scale)."""
+
+
+class ResourceError(NinferError):
+    """The machine refused a resource: no space, no permission, read-only, quota, or a lock.
+
+    The message names the path and, for space, the bytes needed and the bytes free.
+    """
+
+    exit_code = 7
+
+
+class SignatureError(NinferError):
+    """A model-directory signature is missing, malformed, or does not match the files."""
+
+    exit_code = 8
+
+
+class QualityError(NinferError):
+    """``ninfer eval`` measured a metric below a threshold the user asked for."""
+
+    exit_code = 9
