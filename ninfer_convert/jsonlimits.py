@@ -1,0 +1,43 @@
+"""Nesting bounds for JSON read from untrusted files, checked before any parser runs.
+
+Contract: :func:`nesting_problem` scans JSON text once, without recursion, and returns the
+character offset of the first ``[`` or ``{`` that opens a level deeper than ``limit`` (or
+``None``).  Brackets inside strings do not count; escapes inside strings are honoured.  Every
+reader of an untrusted JSON document (safetensors headers, ``model.safetensors.index.json``,
+``config.json``, ``.ninfer`` headers and indexes) calls it first, so a 1,000-level document is a
+typed error naming the file instead of a ``RecursionError`` inside ``json.loads`` (whose C
+scanner recurses once per level).
+
+:data:`MAX_JSON_DEPTH` is far above what any real header needs (ours nest 6 levels, Hugging
+Face configs about 5) and far below Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+__all__ = ["MAX_JSON_DEPTH", "nesting_problem"]
+
+MAX_JSON_DEPTH = 64
+
+# A JSON string literal: a quote, then any run of non-quote non-backslash characters or
+# backslash escapes, then a quote.  Unterminated strings are left for the parser to reject.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nesting_problem(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
+    """Offset in ``text`` of the first bracket nested deeper than ``limit``, else ``None``."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    if "[" not in text and "{" not in text:
+        return None
+    # Blank out string literals (same length, so offsets stay true), then walk brackets only.
+    blanked = _STRING.sub(lambda m: " " * len(m.group(0)), text)
+    codes = np.frombuffer(blanked.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    closes = (codes == ord("]")) | (codes == ord("}"))
+    depth = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
+    too_deep = np.flatnonzero(opens & (depth > limit))
+    return int(too_deep[0]) if too_deep.size else None
