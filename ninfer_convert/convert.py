@@ -106,7 +106,7 @@ class ConvertReport:
     spot_checked_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        totals = self.plan.to_dict()["totals"]
+        plan = self.plan.to_dict()
         return {
             "output": str(self.output),
             "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
@@ -122,8 +122,9 @@ class ConvertReport:
             "throughput_source_bytes_per_s": (
                 round(self.source_bytes / self.elapsed_s) if self.elapsed_s > 0 else None
             ),
-            "totals": totals,
+            "totals": plan["totals"],
             "spot_checked_rows": self.spot_checked_rows,
+            "warnings": plan["warnings"],
         }
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,9 +27,10 @@ from rich.table import Table
 from ..container import DEFAULT_ALIGNMENT
 from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
-from ..recipe import Plan
+from ..recipe import Plan, padding_warnings
 from .render import human_bytes, make_console
 
+_SHOWN_WARNINGS = 10
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
           "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
@@ -75,6 +77,21 @@ def render_plan(plan: Plan) -> None:
         console.print(f"{len(plan.skipped)} source tensors skipped by the recipe.")
     for m in plan.identity_mismatches:
         console.print(f"[yellow]identity check overridden:[/] {m}")
+    render_warnings(plan)
+
+
+def render_warnings(plan: Plan) -> None:
+    """Padding-cost warnings (docs/recipes.md 7.1) on stderr, so --json stdout stays JSON."""
+    console = make_console(stderr=True)
+    warnings = padding_warnings(plan.entries)
+    for w in warnings[:_SHOWN_WARNINGS]:
+        console.print(f"[yellow]warning:[/] {escape(w.message)}", highlight=False)
+    if len(warnings) > _SHOWN_WARNINGS:
+        console.print(
+            f"[yellow]warning:[/] ... and {len(warnings) - _SHOWN_WARNINGS} more tensors above "
+            'their nominal bits per weight (--json lists every one under "warnings")',
+            highlight=False,
+        )
 
 
 class _Reporter:
@@ -175,6 +192,7 @@ def command(
         _, plan = plan_conversion(source, recipe, check_identity=not ignore_identity)
         if as_json:
             click.echo(plan.to_json())
+            render_warnings(plan)
         else:
             render_plan(plan)
         return
@@ -190,3 +208,4 @@ def command(
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         render_report(report)
+    render_warnings(report.plan)

@@ -11,6 +11,7 @@ Typical use::
 
 from __future__ import annotations
 
+from .cost import PADDING_TOLERANCE, PaddingWarning, padding_warning, padding_warnings
 from .materialize import EncodeInput, Materialized, materialize, nonfinite_mask
 from .model import (
     Evidence,
@@ -33,6 +34,7 @@ from .plan import (
     SkippedTensor,
     TransformStep,
     build_plan,
+    identity_problems,
 )
 from .tables import CONSTRAINTS, CONVERSIONS, COPY_PATHS, Conversion, CopyPath
 
@@ -40,6 +42,7 @@ __all__ = [
     "CONSTRAINTS",
     "CONVERSIONS",
     "COPY_PATHS",
+    "PADDING_TOLERANCE",
     "SCHEMA_VERSION",
     "Conversion",
     "CopyPath",
@@ -49,6 +52,7 @@ __all__ = [
     "Materialized",
     "NamePattern",
     "NameTemplate",
+    "PaddingWarning",
     "Plan",
     "PlanEntry",
     "PlanSource",
@@ -65,9 +69,12 @@ __all__ = [
     "build_plan",
     "compile_pattern",
     "compile_template",
+    "identity_problems",
     "load_recipe",
     "loads_recipe",
     "materialize",
     "nonfinite_mask",
+    "padding_warning",
+    "padding_warnings",
     "parse_recipe",
 ]

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from ..errors import NinferError
 from ..formats import FORMATS, Category, NumericFormat
 from ..source import SourceCheckpoint, SourceTensorInfo
+from .cost import padding_warnings
 from .model import Problem, Recipe, RecipeProblems, Rule
 from .parse import parse_recipe_file
 from .tables import CONVERSIONS, DIRECT_SAME_SOURCE, GROUPED_SOURCES
@@ -42,6 +43,7 @@ __all__ = [
     "SkippedTensor",
     "TransformStep",
     "build_plan",
+    "identity_problems",
 ]
 
 SourceField = Literal[
@@ -327,6 +329,7 @@ class Plan:
                 "bits_per_weight": self.bits_per_weight,
             },
             "evidence": [e.to_dict() for e in r.evidence],
+            "warnings": [w.to_dict() for w in padding_warnings(self.entries)],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -815,6 +818,11 @@ class _Planner:
                 self.err(rule, f"{what}: {msg}")
             return None
         return self._finish(cand, fmt, shape, None, [])
+
+
+def identity_problems(recipe: Recipe, source: SourceCheckpoint) -> list[Problem]:
+    """The source-identity problems of ``recipe`` against ``source`` (empty: it matches)."""
+    return _Planner(recipe, source).identity()
 
 
 def build_plan(
