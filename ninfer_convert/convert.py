@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import __version__
+from .card import README_NAME, SOURCE_README_NAME, add_text_file, render_readme, side_file_names
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
@@ -387,6 +388,7 @@ def convert_checkpoint(
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
+    side_files = side_file_names(plan, src.side_files)  # refuses a name clash before reading
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
     used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
@@ -461,8 +463,13 @@ def convert_checkpoint(
         # Skipped tensors are part of the source identity too: digest them while reading.
         for skipped in plan.skipped:
             digests[skipped.name] = src.read(skipped.name).digest
-        for path in src.side_files:
-            writer.add_file(path, path.name)
+        for path, name in side_files:
+            writer.add_file(path, name)
+        if plan.recipe.output.readme:
+            kept = any(name == SOURCE_README_NAME for _, name in side_files)
+            add_text_file(
+                writer, README_NAME, render_readme(plan, src.config, kept_source_card=kept)
+            )
         writer.set_metadata(_metadata(plan, src, digests, alignment))
         out = writer.commit()
     files = tuple(sorted(p.name for p in Path(out).iterdir()))

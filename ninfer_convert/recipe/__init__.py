@@ -15,6 +15,7 @@ from .cost import PADDING_TOLERANCE, PaddingWarning, padding_warning, padding_wa
 from .materialize import EncodeInput, Materialized, materialize, nonfinite_mask
 from .model import (
     Evidence,
+    OutputOptions,
     Problem,
     Recipe,
     RecipeProblems,
@@ -52,6 +53,7 @@ __all__ = [
     "Materialized",
     "NamePattern",
     "NameTemplate",
+    "OutputOptions",
     "PaddingWarning",
     "Plan",
     "PlanEntry",
