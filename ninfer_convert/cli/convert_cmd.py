@@ -1,4 +1,4 @@
-"""``ninfer convert SOURCE --recipe RECIPE --output OUT``.
+"""``ninfer convert SOURCE [--recipe NAME|PATH] --output OUT``.
 
 A thin layer over :func:`ninfer_convert.convert.convert_checkpoint` and
 :func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).
@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -27,7 +28,8 @@ from rich.table import Table
 from ..container import DEFAULT_ALIGNMENT
 from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
-from ..recipe import Plan, padding_warnings
+from ..recipe import Plan, padding_warnings, resolve_recipe
+from ..source import SourceCheckpoint, open_source
 from .render import human_bytes, make_console
 
 _SHOWN_WARNINGS = 10
@@ -49,6 +51,24 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise UsageError(f"--max-shard-size must be positive, got {text!r}")
     return size
+
+
+def resolve_cli_recipe(
+    source: str, spec: str | None, *, ignore_identity: bool
+) -> tuple[str | SourceCheckpoint, Path]:
+    """``--recipe`` as a path or shipped name, or picked by the source's identity; a shipped
+    recipe is named on stderr."""
+    src: str | SourceCheckpoint = source
+    if spec is None:
+        if ignore_identity:
+            raise UsageError(
+                "--ignore-identity needs --recipe: without it the recipe is chosen by its identity"
+            )
+        src = open_source(source)
+    resolved = resolve_recipe(spec, src if isinstance(src, SourceCheckpoint) else None)
+    if resolved.how != "path":
+        click.echo(f"Using the {resolved.describe()}.", err=True)
+    return src, resolved.path
 
 
 def render_plan(plan: Plan) -> None:
@@ -155,8 +175,9 @@ def render_report(report: ConvertReport) -> None:
 
 @click.command("convert")
 @click.argument("source")
-@click.option("--recipe", "recipe", required=True, type=click.Path(dir_okay=False),
-              help="YAML checkpoint recipe.")  # fmt: skip
+@click.option("--recipe", "recipe", default=None, metavar="NAME|PATH",
+              help="A shipped recipe name (see `ninfer recipes`) or a YAML recipe file; "
+                   "default: the shipped recipe whose source identity matches SOURCE.")  # fmt: skip
 @click.option("--output", "output", type=click.Path(file_okay=False),
               help="Model directory to create (required unless --dry-run).")  # fmt: skip
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
@@ -174,7 +195,7 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 def command(
     source: str,
-    recipe: str,
+    recipe: str | None,
     output: str | None,
     device: str,
     jobs: int,
@@ -188,8 +209,9 @@ def command(
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
     org/name repo id) into a .ninfer model directory."""
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
+    src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
-        _, plan = plan_conversion(source, recipe, check_identity=not ignore_identity)
+        _, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
         if as_json:
             click.echo(plan.to_json())
             render_warnings(plan)
@@ -200,7 +222,7 @@ def command(
         raise UsageError("--output is required (or use --dry-run)")
     with _Reporter(quiet=as_json) as reporter:
         report = convert_checkpoint(
-            source, recipe, output, device=device, jobs=jobs, max_shard_size=shard_size,
+            src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
             progress=reporter,
         )  # fmt: skip

@@ -37,6 +37,15 @@ from .plan import (
     build_plan,
     identity_problems,
 )
+from .shipped import (
+    ResolvedRecipe,
+    ShippedRecipe,
+    lookup_shipped,
+    matching_recipes,
+    resolve_recipe,
+    shipped_recipe_dir,
+    shipped_recipes,
+)
 from .tables import CONSTRAINTS, CONVERSIONS, COPY_PATHS, Conversion, CopyPath
 
 __all__ = [
@@ -61,9 +70,11 @@ __all__ = [
     "Problem",
     "Recipe",
     "RecipeProblems",
+    "ResolvedRecipe",
     "Rule",
     "RuleKind",
     "RuleRef",
+    "ShippedRecipe",
     "SkippedTensor",
     "SourceIdentity",
     "TransformSpec",
@@ -74,9 +85,14 @@ __all__ = [
     "identity_problems",
     "load_recipe",
     "loads_recipe",
+    "lookup_shipped",
+    "matching_recipes",
     "materialize",
     "nonfinite_mask",
     "padding_warning",
     "padding_warnings",
     "parse_recipe",
+    "resolve_recipe",
+    "shipped_recipe_dir",
+    "shipped_recipes",
 ]

@@ -90,6 +90,8 @@ class SourceIdentity:
     line: int
     key_lines: tuple[tuple[str, int], ...] = ()
     """Line of each key given under ``source``."""
+    config_absent: tuple[tuple[str, int], ...] = ()
+    """(dotted key, line) pairs that config.json must not have (a null value is present)."""
 
     def line_of(self, key: str) -> int:
         return dict(self.key_lines).get(key, self.line)

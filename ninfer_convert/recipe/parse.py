@@ -45,7 +45,7 @@ SCHEMA_VERSION = 1
 _TOP_REQUIRED = {"ninfer_recipe", "name", "version", "source", "rules"}
 _TOP_OPTIONAL = {"description", "evidence", "output"}
 _OUTPUT_KEYS = {"readme"}
-_SOURCE_KEYS = {"model_type", "architectures", "config", "tensor_count", "shapes"}
+_SOURCE_KEYS = {"model_type", "architectures", "config", "config_absent", "tensor_count", "shapes"}
 _EVIDENCE_REQUIRED = {"id", "citation", "summary"}
 _EVIDENCE_OPTIONAL = {"url"}
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -278,6 +278,16 @@ def _parse_source(ctx: _Ctx, node: YNode) -> SourceIdentity | None:
                     ctx.err(vnode.line, f"source.config: {key!r} is not a dotted key")
                     continue
                 config.append((key, ctx.json_value(vnode, "source.config"), vnode.line))
+    absent: list[tuple[str, int]] = []
+    if "config_absent" in m:
+        anode = m["config_absent"]
+        for key in ctx.text_list(anode, "source.config_absent", single_ok=True) or ():
+            if not all(key.split(".")):
+                ctx.err(anode.line, f"source.config_absent: {key!r} is not a dotted key")
+            elif any(key == k for k, _, _ in config):
+                ctx.err(anode.line, f"source.config_absent: {key!r} is also under source.config")
+            else:
+                absent.append((key, anode.line))
     count = _opt(m, "tensor_count", lambda n: ctx.integer(n, "source.tensor_count", 0))
     shapes: list[tuple[str, tuple[int, ...], int]] = []
     if "shapes" in m:
@@ -297,6 +307,7 @@ def _parse_source(ctx: _Ctx, node: YNode) -> SourceIdentity | None:
         tuple(shapes),
         node.line,
         tuple((k, v.line) for k, v in m.items()),
+        tuple(absent),
     )
 
 

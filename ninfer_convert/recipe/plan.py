@@ -373,9 +373,10 @@ class _Planner:
         def bad(line: int, msg: str) -> None:
             out.append(Problem(line, "source identity: " + msg))
 
-        needs_config = bool(ident.model_type or ident.architectures or ident.config)
+        keys = ("model_type", "architectures", "config", "config_absent")
+        needs_config = any(getattr(ident, k) for k in keys)
         if needs_config and cfg is None:
-            first = next(k for k in ("model_type", "architectures", "config") if getattr(ident, k))
+            first = next(k for k in keys if getattr(ident, k))
             bad(
                 ident.line_of(first),
                 f"the recipe checks config.json but the source ({self.source.kind}) has none",
@@ -404,6 +405,9 @@ class _Planner:
                     bad(line, f"config.json has no {key!r} (the recipe expects {expected!r})")
                 elif not _json_equal(value, expected):
                     bad(line, f"config.json {key} is {value!r}, the recipe expects {expected!r}")
+            for key, line in ident.config_absent:
+                if _lookup(cfg, key)[0]:
+                    bad(line, f"config.json has {key!r}, the recipe is for sources without it")
         if ident.tensor_count is not None and ident.tensor_count != len(self.names):
             bad(
                 ident.line_of("tensor_count"),
