@@ -15,6 +15,9 @@ Contract:
   bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
   model.  Everything is staged by :class:`~.container.ArtifactWriter` and renamed into place
   only when complete; a failure or Ctrl-C leaves nothing under the output name.
+* The model directory gets the source's side files and, unless the recipe says
+  ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
+  own README.md is kept as SOURCE_README.md); a name clash is refused before any tensor is read.
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.
