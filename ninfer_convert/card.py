@@ -75,6 +75,10 @@ def add_text_file(writer: ArtifactWriter, name: str, text: str) -> None:
         writer.add_file(path, name)
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -109,12 +113,12 @@ def render_readme(
         )
     source_bytes = sum(size for _, size in plan.source_files)
     lines.append(
-        f"- {len(plan.entries) + len(plan.skipped)} source tensors in {len(plan.source_files)} "
-        f"weight files ({source_bytes:,} bytes); each tensor's xxh3-128 digest is recorded in "
-        "the artifact header"
+        f"- {_n(len(plan.entries) + len(plan.skipped), 'source tensor')} in "
+        f"{_n(len(plan.source_files), 'weight file')} ({_n(source_bytes, 'byte')}); each "
+        "tensor's xxh3-128 digest is recorded in the artifact header"
     )
     if plan.skipped:
-        lines.append(f"- {len(plan.skipped)} source tensors skipped by the recipe")
+        lines.append(f"- {_n(len(plan.skipped), 'source tensor')} skipped by the recipe")
     if kept_source_card:
         lines.append(f"- the source's model card is kept unchanged as `{SOURCE_README_NAME}`")
     lines += [
@@ -173,8 +177,8 @@ def render_readme(
     if warnings:
         lines += [
             "",
-            f"{len(warnings)} tensors cost more than 10 % above their format's nominal bits "
-            "per weight (row padding; docs/recipes.md 7.1 of ninfer-convert):",
+            f"{_n(len(warnings), 'tensor')} more than 10 % above the nominal bits per weight "
+            "of the format (layout padding; docs/recipes.md 7.1 of ninfer-convert):",
             "",
         ]
         lines += [

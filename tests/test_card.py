@@ -155,3 +155,24 @@ def test_bad_output_section_is_a_recipe_problem(output: str, message: str) -> No
     with pytest.raises(RecipeProblems) as info:
         loads_recipe(_recipe(output))
     assert any(message in p.message for p in info.value.problems), info.value.problems
+
+
+def test_card_of_a_bare_safetensors_file_source(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(4, 16, dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors"))
+    recipe = tmp_path / "r.yaml"
+    body = (
+        "- match: w\n  format: Q4G64_F16S\n  encoder_profile: MAXABS_F16_RECIP_RNE_V1\n"
+        "  role: r\n  evidence: [e1]\n"
+    )
+    recipe.write_text(RECIPE_HEAD.replace("  model_type: llama\n", "  tensor_count: 1\n") + body)
+    report = convert_checkpoint(tmp_path / "m.safetensors", recipe, tmp_path / "o", device="cpu")
+    assert report.files == ("README.md", "model.ninfer")
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "config.json" not in card.split("## Recipe")[0]
+    assert "- 1 source tensor in 1 weight file (200 bytes);" in card
+    assert "| r | Q4G64_F16S | 1 | 64 | 34.000 | e1 |" in card
+    assert "1 tensor more than 10 % above the nominal bits per weight" in card
+    assert "- `w` Q4G64_F16S [4, 16]: 34.000 bits per weight (nominal 4.25)" in card
