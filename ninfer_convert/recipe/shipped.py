@@ -158,12 +158,16 @@ def _names(shipped: tuple[ShippedRecipe, ...]) -> str:
     return ", ".join(s.name for s in shipped) or "none"
 
 
+def _find(shipped: tuple[ShippedRecipe, ...], name: str) -> ShippedRecipe | None:
+    return next((s for s in shipped if s.name == name), None)  # exact: no folding, no prefix
+
+
 def lookup_shipped(name: str, directory: str | os.PathLike[str] | None = None) -> ShippedRecipe:
     """The shipped recipe registered as exactly ``name``, or a :class:`UsageError`."""
     shipped = shipped_recipes(directory)
-    for s in shipped:
-        if s.name == name:
-            return s
+    found = _find(shipped, name)
+    if found is not None:
+        return found
     raise UsageError(
         f"unknown shipped recipe {name!r}",
         hint=f"shipped recipes: {_names(shipped)} (`ninfer recipes` lists them)",
@@ -189,26 +193,26 @@ def resolve_recipe(
             return ResolvedRecipe(Path(spec), "path", None)
         text = os.fspath(spec)
         shipped = shipped_recipes(directory)
-        for s in shipped:
-            if s.name == text:
-                return ResolvedRecipe(s.path, "name", s.name)
+        found = _find(shipped, text)
+        if found is not None:
+            return ResolvedRecipe(found.path, "name", found.name)
         raise UsageError(
             f"--recipe {text!r} is neither a recipe file nor a shipped recipe name",
             hint=f"shipped recipes: {_names(shipped)}; or give the path of a YAML recipe",
         )
     if source is None:
         raise UsageError("resolving a recipe by identity needs the source checkpoint")
-    shipped = shipped_recipes(directory)
-    matches = [s for s in shipped if not identity_problems(s.recipe, source)]
+    checked = [(s, identity_problems(s.recipe, source)) for s in shipped_recipes(directory)]
+    matches = [s for s, problems in checked if not problems]
     if len(matches) == 1:
         return ResolvedRecipe(matches[0].path, "identity", matches[0].name)
     cfg = source.config or {}
     seen = f"model_type {cfg.get('model_type')!r}, architectures {cfg.get('architectures')!r}"
     if not matches:
-        why = []
-        for s in shipped:
-            first = identity_problems(s.recipe, source)[0]
-            why.append(f"{s.name}: {first.message.removeprefix('source identity: ')}")
+        why = [
+            f"{s.name}: {problems[0].message.removeprefix('source identity: ')}"
+            for s, problems in checked
+        ]
         raise UsageError(
             f"no shipped recipe matches the source (config.json: {seen})"
             + "".join(f"\n  {w}" for w in why),
