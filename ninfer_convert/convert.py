@@ -15,6 +15,9 @@ Contract:
   bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
   model.  Everything is staged by :class:`~.container.ArtifactWriter` and renamed into place
   only when complete; a failure or Ctrl-C leaves nothing under the output name.
+* The model directory gets the source's side files and, unless the recipe says
+  ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
+  own README.md is kept as SOURCE_README.md); a name clash is refused before any tensor is read.
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.
@@ -38,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import __version__
+from .card import README_NAME, SOURCE_README_NAME, add_text_file, render_readme, side_file_names
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
@@ -106,7 +110,7 @@ class ConvertReport:
     spot_checked_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        totals = self.plan.to_dict()["totals"]
+        plan = self.plan.to_dict()
         return {
             "output": str(self.output),
             "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
@@ -122,8 +126,9 @@ class ConvertReport:
             "throughput_source_bytes_per_s": (
                 round(self.source_bytes / self.elapsed_s) if self.elapsed_s > 0 else None
             ),
-            "totals": totals,
+            "totals": plan["totals"],
             "spot_checked_rows": self.spot_checked_rows,
+            "warnings": plan["warnings"],
         }
 
 
@@ -386,6 +391,7 @@ def convert_checkpoint(
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
+    side_files = side_file_names(plan, src.side_files)  # refuses a name clash before reading
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
     used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
@@ -460,8 +466,13 @@ def convert_checkpoint(
         # Skipped tensors are part of the source identity too: digest them while reading.
         for skipped in plan.skipped:
             digests[skipped.name] = src.read(skipped.name).digest
-        for path in src.side_files:
-            writer.add_file(path, path.name)
+        for path, name in side_files:
+            writer.add_file(path, name)
+        if plan.recipe.output.readme:
+            kept = any(name == SOURCE_README_NAME for _, name in side_files)
+            add_text_file(
+                writer, README_NAME, render_readme(plan, src.config, kept_source_card=kept)
+            )
         writer.set_metadata(_metadata(plan, src, digests, alignment))
         out = writer.commit()
     files = tuple(sorted(p.name for p in Path(out).iterdir()))

@@ -1,4 +1,4 @@
-"""``ninfer convert SOURCE --recipe RECIPE --output OUT``.
+"""``ninfer convert SOURCE [--recipe NAME|PATH] --output OUT``.
 
 A thin layer over :func:`ninfer_convert.convert.convert_checkpoint` and
 :func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).
@@ -10,8 +10,10 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,9 +28,11 @@ from rich.table import Table
 from ..container import DEFAULT_ALIGNMENT
 from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
-from ..recipe import Plan
+from ..recipe import Plan, padding_warnings, resolve_recipe
+from ..source import SourceCheckpoint, open_source
 from .render import human_bytes, make_console
 
+_SHOWN_WARNINGS = 10
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
           "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
@@ -47,6 +51,24 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise UsageError(f"--max-shard-size must be positive, got {text!r}")
     return size
+
+
+def resolve_cli_recipe(
+    source: str, spec: str | None, *, ignore_identity: bool
+) -> tuple[str | SourceCheckpoint, Path]:
+    """``--recipe`` as a path or shipped name, or picked by the source's identity; a shipped
+    recipe is named on stderr."""
+    src: str | SourceCheckpoint = source
+    if spec is None:
+        if ignore_identity:
+            raise UsageError(
+                "--ignore-identity needs --recipe: without it the recipe is chosen by its identity"
+            )
+        src = open_source(source)
+    resolved = resolve_recipe(spec, src if isinstance(src, SourceCheckpoint) else None)
+    if resolved.how != "path":
+        click.echo(f"Using the {resolved.describe()}.", err=True)
+    return src, resolved.path
 
 
 def render_plan(plan: Plan) -> None:
@@ -75,6 +97,21 @@ def render_plan(plan: Plan) -> None:
         console.print(f"{len(plan.skipped)} source tensors skipped by the recipe.")
     for m in plan.identity_mismatches:
         console.print(f"[yellow]identity check overridden:[/] {m}")
+    render_warnings(plan)
+
+
+def render_warnings(plan: Plan) -> None:
+    """Padding-cost warnings (docs/recipes.md 7.1) on stderr, so --json stdout stays JSON."""
+    console = make_console(stderr=True)
+    warnings = padding_warnings(plan.entries)
+    for w in warnings[:_SHOWN_WARNINGS]:
+        console.print(f"[yellow]warning:[/] {escape(w.message)}", highlight=False)
+    if len(warnings) > _SHOWN_WARNINGS:
+        console.print(
+            f"[yellow]warning:[/] ... and {len(warnings) - _SHOWN_WARNINGS} more tensors above "
+            'their nominal bits per weight (--json lists every one under "warnings")',
+            highlight=False,
+        )
 
 
 class _Reporter:
@@ -138,8 +175,9 @@ def render_report(report: ConvertReport) -> None:
 
 @click.command("convert")
 @click.argument("source")
-@click.option("--recipe", "recipe", required=True, type=click.Path(dir_okay=False),
-              help="YAML checkpoint recipe.")  # fmt: skip
+@click.option("--recipe", "recipe", default=None, metavar="NAME|PATH",
+              help="A shipped recipe name (see `ninfer recipes`) or a YAML recipe file; "
+                   "default: the shipped recipe whose source identity matches SOURCE.")  # fmt: skip
 @click.option("--output", "output", type=click.Path(file_okay=False),
               help="Model directory to create (required unless --dry-run).")  # fmt: skip
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
@@ -157,7 +195,7 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 def command(
     source: str,
-    recipe: str,
+    recipe: str | None,
     output: str | None,
     device: str,
     jobs: int,
@@ -171,10 +209,12 @@ def command(
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
     org/name repo id) into a .ninfer model directory."""
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
+    src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
-        _, plan = plan_conversion(source, recipe, check_identity=not ignore_identity)
+        _, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
         if as_json:
             click.echo(plan.to_json())
+            render_warnings(plan)
         else:
             render_plan(plan)
         return
@@ -182,7 +222,7 @@ def command(
         raise UsageError("--output is required (or use --dry-run)")
     with _Reporter(quiet=as_json) as reporter:
         report = convert_checkpoint(
-            source, recipe, output, device=device, jobs=jobs, max_shard_size=shard_size,
+            src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
             progress=reporter,
         )  # fmt: skip
@@ -190,3 +230,4 @@ def command(
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         render_report(report)
+    render_warnings(report.plan)

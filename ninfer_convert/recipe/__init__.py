@@ -11,9 +11,11 @@ Typical use::
 
 from __future__ import annotations
 
+from .cost import PADDING_TOLERANCE, PaddingWarning, padding_warning, padding_warnings
 from .materialize import EncodeInput, Materialized, materialize, nonfinite_mask
 from .model import (
     Evidence,
+    OutputOptions,
     Problem,
     Recipe,
     RecipeProblems,
@@ -33,6 +35,16 @@ from .plan import (
     SkippedTensor,
     TransformStep,
     build_plan,
+    identity_problems,
+)
+from .shipped import (
+    ResolvedRecipe,
+    ShippedRecipe,
+    lookup_shipped,
+    matching_recipes,
+    resolve_recipe,
+    shipped_recipe_dir,
+    shipped_recipes,
 )
 from .tables import CONSTRAINTS, CONVERSIONS, COPY_PATHS, Conversion, CopyPath
 
@@ -40,6 +52,7 @@ __all__ = [
     "CONSTRAINTS",
     "CONVERSIONS",
     "COPY_PATHS",
+    "PADDING_TOLERANCE",
     "SCHEMA_VERSION",
     "Conversion",
     "CopyPath",
@@ -49,15 +62,19 @@ __all__ = [
     "Materialized",
     "NamePattern",
     "NameTemplate",
+    "OutputOptions",
+    "PaddingWarning",
     "Plan",
     "PlanEntry",
     "PlanSource",
     "Problem",
     "Recipe",
     "RecipeProblems",
+    "ResolvedRecipe",
     "Rule",
     "RuleKind",
     "RuleRef",
+    "ShippedRecipe",
     "SkippedTensor",
     "SourceIdentity",
     "TransformSpec",
@@ -65,9 +82,17 @@ __all__ = [
     "build_plan",
     "compile_pattern",
     "compile_template",
+    "identity_problems",
     "load_recipe",
     "loads_recipe",
+    "lookup_shipped",
+    "matching_recipes",
     "materialize",
     "nonfinite_mask",
+    "padding_warning",
+    "padding_warnings",
     "parse_recipe",
+    "resolve_recipe",
+    "shipped_recipe_dir",
+    "shipped_recipes",
 ]

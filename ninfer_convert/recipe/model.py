@@ -16,6 +16,7 @@ from .patterns import NamePattern, NameTemplate
 
 __all__ = [
     "Evidence",
+    "OutputOptions",
     "Problem",
     "Recipe",
     "RecipeProblems",
@@ -89,6 +90,8 @@ class SourceIdentity:
     line: int
     key_lines: tuple[tuple[str, int], ...] = ()
     """Line of each key given under ``source``."""
+    config_absent: tuple[tuple[str, int], ...] = ()
+    """(dotted key, line) pairs that config.json must not have (a null value is present)."""
 
     def line_of(self, key: str) -> int:
         return dict(self.key_lines).get(key, self.line)
@@ -141,6 +144,15 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class OutputOptions:
+    """The recipe's ``output`` section: what convert writes beside the artifact."""
+
+    readme: bool = True
+    """Write the generated model card README.md (the source's card becomes SOURCE_README.md)."""
+    line: int | None = None
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A loaded recipe.  ``text`` is the exact file text; ``digest`` is ``sha256:<hex>`` of its
     UTF-8 bytes."""
@@ -155,6 +167,7 @@ class Recipe:
     source: SourceIdentity
     evidence: tuple[Evidence, ...]
     rules: tuple[Rule, ...]
+    output: OutputOptions = OutputOptions()
 
     def evidence_by_id(self, ident: str) -> Evidence | None:
         for e in self.evidence:

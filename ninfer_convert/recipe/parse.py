@@ -24,6 +24,7 @@ from ..errors import FormatError, RecipeError
 from ..formats import Category, check_profile_fits, lookup_format, lookup_profile
 from .model import (
     Evidence,
+    OutputOptions,
     Problem,
     Recipe,
     RecipeProblems,
@@ -42,8 +43,9 @@ SCHEMA_VERSION = 1
 """The value of the required top-level ``ninfer_recipe`` key this loader understands."""
 
 _TOP_REQUIRED = {"ninfer_recipe", "name", "version", "source", "rules"}
-_TOP_OPTIONAL = {"description", "evidence"}
-_SOURCE_KEYS = {"model_type", "architectures", "config", "tensor_count", "shapes"}
+_TOP_OPTIONAL = {"description", "evidence", "output"}
+_OUTPUT_KEYS = {"readme"}
+_SOURCE_KEYS = {"model_type", "architectures", "config", "config_absent", "tensor_count", "shapes"}
 _EVIDENCE_REQUIRED = {"id", "citation", "summary"}
 _EVIDENCE_OPTIONAL = {"url"}
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -207,6 +209,7 @@ def parse_recipe(text: str, *, path: str | None = None) -> tuple[Recipe | None, 
     identity = _parse_source(ctx, top["source"]) if "source" in top else None
     evidence = _parse_evidence(ctx, top["evidence"]) if "evidence" in top else ()
     known_ids = {e.id for e in evidence}
+    output = _parse_output(ctx, top["output"]) if "output" in top else OutputOptions()
 
     rules: list[Rule] = []
     if "rules" in top:
@@ -233,6 +236,7 @@ def parse_recipe(text: str, *, path: str | None = None) -> tuple[Recipe | None, 
         source=identity,
         evidence=evidence,
         rules=tuple(rules),
+        output=output,
     )
     return recipe, ctx.problems
 
@@ -274,6 +278,16 @@ def _parse_source(ctx: _Ctx, node: YNode) -> SourceIdentity | None:
                     ctx.err(vnode.line, f"source.config: {key!r} is not a dotted key")
                     continue
                 config.append((key, ctx.json_value(vnode, "source.config"), vnode.line))
+    absent: list[tuple[str, int]] = []
+    if "config_absent" in m:
+        anode = m["config_absent"]
+        for key in ctx.text_list(anode, "source.config_absent", single_ok=True) or ():
+            if not all(key.split(".")):
+                ctx.err(anode.line, f"source.config_absent: {key!r} is not a dotted key")
+            elif any(key == k for k, _, _ in config):
+                ctx.err(anode.line, f"source.config_absent: {key!r} is also under source.config")
+            else:
+                absent.append((key, anode.line))
     count = _opt(m, "tensor_count", lambda n: ctx.integer(n, "source.tensor_count", 0))
     shapes: list[tuple[str, tuple[int, ...], int]] = []
     if "shapes" in m:
@@ -293,7 +307,16 @@ def _parse_source(ctx: _Ctx, node: YNode) -> SourceIdentity | None:
         tuple(shapes),
         node.line,
         tuple((k, v.line) for k, v in m.items()),
+        tuple(absent),
     )
+
+
+def _parse_output(ctx: _Ctx, node: YNode) -> OutputOptions:
+    if not ctx.keys(node, "output", set(), _OUTPUT_KEYS):
+        return OutputOptions(line=node.line)
+    m: dict[str, YNode] = node.value
+    readme = _opt(m, "readme", lambda n: ctx.boolean(n, "output.readme"))
+    return OutputOptions(readme=True if readme is None else readme, line=node.line)
 
 
 def _shape(ctx: _Ctx, node: YNode, where: str, *, allow_minus_one: bool) -> tuple[int, ...] | None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from ..errors import NinferError
 from ..formats import FORMATS, Category, NumericFormat
 from ..source import SourceCheckpoint, SourceTensorInfo
+from .cost import padding_warnings
 from .model import Problem, Recipe, RecipeProblems, Rule
 from .parse import parse_recipe_file
 from .tables import CONVERSIONS, DIRECT_SAME_SOURCE, GROUPED_SOURCES
@@ -42,6 +43,7 @@ __all__ = [
     "SkippedTensor",
     "TransformStep",
     "build_plan",
+    "identity_problems",
 ]
 
 SourceField = Literal[
@@ -327,6 +329,7 @@ class Plan:
                 "bits_per_weight": self.bits_per_weight,
             },
             "evidence": [e.to_dict() for e in r.evidence],
+            "warnings": [w.to_dict() for w in padding_warnings(self.entries)],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -370,9 +373,10 @@ class _Planner:
         def bad(line: int, msg: str) -> None:
             out.append(Problem(line, "source identity: " + msg))
 
-        needs_config = bool(ident.model_type or ident.architectures or ident.config)
+        keys = ("model_type", "architectures", "config", "config_absent")
+        needs_config = any(getattr(ident, k) for k in keys)
         if needs_config and cfg is None:
-            first = next(k for k in ("model_type", "architectures", "config") if getattr(ident, k))
+            first = next(k for k in keys if getattr(ident, k))
             bad(
                 ident.line_of(first),
                 f"the recipe checks config.json but the source ({self.source.kind}) has none",
@@ -401,6 +405,9 @@ class _Planner:
                     bad(line, f"config.json has no {key!r} (the recipe expects {expected!r})")
                 elif not _json_equal(value, expected):
                     bad(line, f"config.json {key} is {value!r}, the recipe expects {expected!r}")
+            for key, line in ident.config_absent:
+                if _lookup(cfg, key)[0]:
+                    bad(line, f"config.json has {key!r}, the recipe is for sources without it")
         if ident.tensor_count is not None and ident.tensor_count != len(self.names):
             bad(
                 ident.line_of("tensor_count"),
@@ -815,6 +822,11 @@ class _Planner:
                 self.err(rule, f"{what}: {msg}")
             return None
         return self._finish(cand, fmt, shape, None, [])
+
+
+def identity_problems(recipe: Recipe, source: SourceCheckpoint) -> list[Problem]:
+    """The source-identity problems of ``recipe`` against ``source`` (empty: it matches)."""
+    return _Planner(recipe, source).identity()
 
 
 def build_plan(
