@@ -18,6 +18,8 @@ Contract:
 * The model directory gets the source's side files and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
   own README.md is kept as SOURCE_README.md); a name clash is refused before any tensor is read.
+* With ``signer`` (:mod:`.signing`), the complete staging directory is signed as the last step
+  before that rename, so a published artifact is never unsigned when a key was given.
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.
@@ -32,7 +34,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .readahead import ReadAheadWindow
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
+from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SourceCheckpoint, open_source
 from .validate import validate_logical
 
@@ -108,6 +111,7 @@ class ConvertReport:
     files: tuple[str, ...]
     elapsed_s: float
     spot_checked_rows: int = 0
+    signature: SignatureStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         plan = self.plan.to_dict()
@@ -129,6 +133,7 @@ class ConvertReport:
             "totals": plan["totals"],
             "spot_checked_rows": self.spot_checked_rows,
             "warnings": plan["warnings"],
+            "signature": None if self.signature is None else self.signature.to_json(),
         }
 
 
@@ -384,14 +389,23 @@ def convert_checkpoint(
     check_identity: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
     progress: Callable[[ProgressEvent], None] | None = None,
+    signer: Signer | None = None,
 ) -> ConvertReport:
-    """Convert ``source`` with ``recipe`` into the model directory ``output``."""
+    """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
+    ``signer`` just before it is published, when given)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
     side_files = side_file_names(plan, src.side_files)  # refuses a name clash before reading
+    if signer is not None and any(name == SIGNATURE_NAME for _, name in side_files):
+        raise UsageError(
+            f"the source has a {SIGNATURE_NAME} side file, which would collide with the "
+            "artifact's signature",
+            path=str(plan.source_path),
+            hint=f"move the source's {SIGNATURE_NAME} away, or convert without --sign-key",
+        )
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
     used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
@@ -474,7 +488,13 @@ def convert_checkpoint(
                 writer, README_NAME, render_readme(plan, src.config, kept_source_card=kept)
             )
         writer.set_metadata(_metadata(plan, src, digests, alignment))
-        out = writer.commit()
+        signed: list[SignatureStatus] = []
+
+        def sign_staged(staging: Path) -> None:
+            if signer is not None:
+                signed.append(sign_directory(staging, signer))
+
+        out = writer.commit(before_publish=sign_staged)
     files = tuple(sorted(p.name for p in Path(out).iterdir()))
     return ConvertReport(
         output=Path(out),
@@ -487,6 +507,8 @@ def convert_checkpoint(
         files=files,
         elapsed_s=time.perf_counter() - started,
         spot_checked_rows=spot_rows,
+        # The signature was written in the staging directory, now renamed to ``out``.
+        signature=replace(signed[0], path=str(Path(out) / SIGNATURE_NAME)) if signed else None,
     )
 
 

@@ -1,7 +1,8 @@
 """``ninfer convert SOURCE [--recipe NAME|PATH] --output OUT``.
 
 A thin layer over :func:`ninfer_convert.convert.convert_checkpoint` and
-:func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).
+:func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).  ``--sign-key`` loads the key
+before the source is read, and the artifact is signed before it is published.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..container import DEFAULT_ALIGNMENT
 from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
 from ..errors import UsageError
 from ..recipe import Plan, padding_warnings, resolve_recipe
+from ..signing import Signer, key_signer
 from ..source import SourceCheckpoint, open_source
 from .render import human_bytes, make_console
 
@@ -170,7 +172,12 @@ def render_report(report: ConvertReport) -> None:
         f"{human_bytes(report.source_bytes)} read -> {human_bytes(report.written_bytes)} written "
         f"in {report.elapsed_s:.2f} s ({human_bytes(int(rate))}/s) on {report.device}."
     )
-    console.print(f"Next: ninfer verify {report.output}")
+    if report.signature is not None:
+        console.print(f"Signed: {report.signature.files} files, {report.signature.identity}; "
+                      f"signature {report.signature.path}")  # fmt: skip
+        console.print(f"Next: ninfer verify {report.output} --public-key PUBLIC_KEY.pem")
+    else:
+        console.print(f"Next: ninfer verify {report.output}")
 
 
 @click.command("convert")
@@ -193,6 +200,9 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--ignore-identity", is_flag=True,
               help="Convert even if config.json does not match the recipe's identity.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@click.option("--sign-key", default=None, metavar="PRIVATE_KEY.pem",
+              help="Sign the artifact with this EC private key before publishing it (needs "
+              "the [sign] extra).")  # fmt: skip
 def command(
     source: str,
     recipe: str | None,
@@ -205,10 +215,13 @@ def command(
     force: bool,
     ignore_identity: bool,
     as_json: bool,
+    sign_key: str | None,
 ) -> None:
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
     org/name repo id) into a .ninfer model directory."""
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
+    # Fail fast: a bad key is reported before the source is read.
+    signer: Signer | None = key_signer(sign_key) if sign_key is not None else None
     src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
         _, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
@@ -224,7 +237,7 @@ def command(
         report = convert_checkpoint(
             src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
-            progress=reporter,
+            progress=reporter, signer=signer,
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

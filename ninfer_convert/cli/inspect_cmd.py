@@ -4,7 +4,9 @@ A thin layer over :mod:`ninfer_convert.inspect`: a summary and a tensor table fr
 alone, and with ``--tensor`` one tensor's provenance, layout and value statistics (which reads
 that tensor's values).  ``--json`` prints the stable schema documented in docs/cli.md.  Exit
 codes: 0, 2 for a usage error (missing path, not an artifact, unknown tensor name), 6 when the
-artifact's header is invalid.
+artifact's header is invalid.  Whether the model directory carries a signature, and what it
+claims, is read from the signature file alone (:func:`ninfer_convert.signing.signature_status`):
+inspect never checks it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..inspect import InspectReport, TensorDetails, inspect_artifact
+from ..signing import SignatureStatus, signature_status
 from .render import human_bytes, make_console
 
 __all__ = ["command", "render_details", "render_summary"]
@@ -25,7 +28,9 @@ def _bpw(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def render_summary(report: InspectReport, *, table: bool = True) -> None:
+def render_summary(
+    report: InspectReport, *, table: bool = True, signature: SignatureStatus | None = None
+) -> None:
     """The artifact summary, the per-format totals and (``table``) the tensor table."""
     console = make_console()
     src = report.source
@@ -48,6 +53,8 @@ def render_summary(report: InspectReport, *, table: bool = True) -> None:
         f"overhead {100 * overhead / report.total_bytes if report.total_bytes else 0:.2f}%)",
         f"Side files {', '.join(escape(str(f['name'])) for f in report.side_files) or '-'}",
     ]
+    if signature is not None:
+        lines.append(f"Signature  {escape(signature.describe())}")
     for line in lines:
         console.print(line)
     ft = Table(title=f"Tensors per format ({report.tensor_count} tensors)")
@@ -125,9 +132,11 @@ def command(artifact: str, as_json: bool, tensor: str | None, pattern: str | Non
     For the registry of formats, layouts and encoder profiles use 'ninfer formats'.
     """
     report = inspect_artifact(artifact, filter=pattern, tensor=tensor)
+    signature = signature_status(artifact)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
+        data = {**report.to_json(), "signature": signature.to_json()}
+        click.echo(json.dumps(data, indent=2, allow_nan=False))
         return
-    render_summary(report, table=tensor is None or pattern is not None)
+    render_summary(report, table=tensor is None or pattern is not None, signature=signature)
     if report.details is not None:
         render_details(report.details)

@@ -4,11 +4,16 @@ A thin layer over :func:`ninfer_convert.verify.verify_artifact`: it renders the 
 table (plain text when stdout is not a terminal) or as JSON (``--json``, schema in docs/cli.md),
 shows progress on stderr, and exits with the report's code: 0 when every check passed, 6 when
 the artifact is invalid or differs from its source, 4 when the source is not the recorded one,
-2 for usage errors (missing path, not an artifact, bad option).
+2 for usage errors (missing path, not an artifact, bad option).  With ``--public-key`` (or
+``--certificate-chain``, or a Sigstore identity) the directory's signature is checked first
+(:func:`ninfer_convert.signing.verify_directory`): a missing, invalid or non-matching signature
+exits 8 before any other check runs; without them the signature's presence is reported, marked
+not checked.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -20,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from ..errors import UsageError
+from ..signing import SignatureStatus, signature_status, verify_directory
 from ..verify import (
     CHECK_DESCRIPTIONS,
     DEFAULT_ORACLE_GROUPS,
@@ -192,6 +198,22 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
 @click.option("--max-findings", type=click.IntRange(min=0), default=20, show_default=True,
               help="Findings listed in the table (--json lists all).")  # fmt: skip
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@click.option("--public-key", default=None, metavar="KEY.pem",
+              help="Check the directory's signature with this EC public key first (exit 8 "
+              "when it fails).")  # fmt: skip
+@click.option("--certificate-chain", "chain", multiple=True, metavar="PEM",
+              help="Check a certificate signature against these trusted certificates "
+              "(repeatable).")  # fmt: skip
+@click.option(
+    "--sigstore-identity",
+    default=None,
+    metavar="IDENTITY",
+    help="Check a Sigstore signature made by this identity (needs the network).",
+)
+@click.option("--sigstore-issuer", default=None, metavar="URL",
+              help="The OIDC issuer of --sigstore-identity.")  # fmt: skip
+@click.option("--signature", default=None, metavar="PATH",
+              help="The signature file (default: ARTIFACT/model.sig).")  # fmt: skip
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -205,6 +227,11 @@ def command(
     as_json: bool,
     max_findings: int,
     quiet: bool,
+    public_key: str | None,
+    chain: tuple[str, ...],
+    sigstore_identity: str | None,
+    sigstore_issuer: str | None,
+    signature: str | None,
 ) -> None:
     """Check that ARTIFACT is exactly what its recipe promised.
 
@@ -212,10 +239,21 @@ def command(
     against the source (identity, bit-exact re-derivation, oracle sample), then error
     statistics. Every finding is reported. Exit code 0 only when everything passes; 6 when the
     artifact is invalid or differs from its source; 4 when the source is not the recorded one;
-    2 for usage errors.
+    2 for usage errors. With --public-key the signature is checked first: exit 8 when it
+    does not match.
     """
     if source is not None and no_source:
         raise UsageError("--source and --no-source contradict each other")
+    sig: SignatureStatus
+    if public_key is not None or chain or sigstore_identity or sigstore_issuer:
+        if not quiet:
+            click.echo("verify: signature", err=True)
+        sig = verify_directory(
+            artifact, signature=signature, public_key=public_key, certificate_chain=chain,
+            sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer,
+        )  # fmt: skip
+    else:
+        sig = signature_status(artifact, signature=signature)
     with _Reporter(quiet) as reporter:
         report = verify_artifact(
             artifact,
@@ -228,8 +266,10 @@ def command(
             progress=reporter,
         )
     if as_json:
-        click.echo(report.dumps())
+        data = {**report.to_json(), "signature": sig.to_json()}
+        click.echo(json.dumps(data, indent=2, allow_nan=False))
     else:
+        make_console().print(f"Signature {escape(sig.describe())}")
         render_report(report, max_findings=max_findings)
     if report.exit_code:
         ctx.exit(report.exit_code)

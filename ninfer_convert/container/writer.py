@@ -13,7 +13,9 @@ Contract:
 * ``commit`` appends each shard's header, names the shards (``model.ninfer``, or
   ``model-0000i-of-0000N.ninfer`` plus ``model.ninfer.index.json``), fsyncs files and the
   staging directory, renames it to ``out_dir`` and fsyncs the parent.  Nothing exists under
-  ``out_dir`` before that rename.
+  ``out_dir`` before that rename.  ``commit(before_publish=f)`` calls ``f(staging)`` once the
+  staging directory is complete and just before the rename (``convert --sign-key`` signs
+  there); an exception from it aborts like any other.
 * Any exception or KeyboardInterrupt inside the ``with`` block (or a call to ``abort``) removes
   the staging directory and leaves ``out_dir`` as it was.  A clean exit from the ``with`` block
   commits if ``commit`` was not called.
@@ -33,7 +35,7 @@ import os
 import secrets
 import shutil
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -475,16 +477,17 @@ class ArtifactWriter:
 
     # -- commit / abort ------------------------------------------------------------------------
 
-    def commit(self) -> Path:
-        """Finish every shard, write the index, and rename the staging directory to ``out_dir``."""
+    def commit(self, *, before_publish: Callable[[Path], object] | None = None) -> Path:
+        """Finish every shard, write the index, and rename the staging directory to ``out_dir``
+        (after ``before_publish(staging)``, when given)."""
         self._require_open()
         try:
-            return self._commit()
+            return self._commit(before_publish)
         except BaseException:
             self.abort()
             raise
 
-    def _commit(self) -> Path:
+    def _commit(self, before_publish: Callable[[Path], object] | None = None) -> Path:
         self._state = "committing"
         count = len(self._shards)
         files = tuple(self._side[k] for k in sorted(self._side))
@@ -533,6 +536,8 @@ class ArtifactWriter:
                 fh.flush()
                 os.fsync(fh.fileno())
         _fsync_dir(self.staging)
+        if before_publish is not None:
+            before_publish(self.staging)
         self._publish()
         self._state = "committed"
         return self.out_dir
