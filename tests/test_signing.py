@@ -250,6 +250,26 @@ def test_missing_and_malformed_keys_are_usage_errors(
     assert not (art / SIGNATURE_NAME).exists()
 
 
+def test_encrypted_and_wrong_curve_keys_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], tmp_path: Path
+) -> None:
+    encrypted = tmp_path / "enc.pem"
+    encrypted.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    code, _, err = ninfer(capsys, "sign", built["single"], "--key", encrypted)
+    assert code == 2 and "encrypted" in err
+    k1 = tmp_path / "k1.pem"
+    k1.write_bytes(_pem_private(ec.generate_private_key(ec.SECP256K1())))
+    code, _, err = ninfer(capsys, "sign", built["single"], "--key", k1)
+    assert code == 2 and "secp256k1" in err
+    assert not (built["single"] / SIGNATURE_NAME).exists()
+
+
 @pytest.mark.parametrize(
     "content",
     [b"\x00\xffnot text", b"not json", b"{}", b"[1, 2]", b"[" * 100_000,
@@ -501,6 +521,50 @@ def test_sigstore_without_the_network_is_a_clear_error(
     assert code == SIG_EXIT
     assert "Sigstore" in err and "--key" in err
     assert not (art / SIGNATURE_NAME).exists()
+    assert list(art.parent.glob(".*")) == []  # no temporary signature left
+    (art / SIGNATURE_NAME).write_text("{}")
+    code, _, err = ninfer(capsys, "verify", art, "--sigstore-identity", "me@example.com",
+                          "--sigstore-issuer", "https://issuer.example")  # fmt: skip
+    assert code == SIG_EXIT and "Sigstore" in err
+
+
+def test_writer_hook_sees_the_complete_staging_directory_before_publishing(
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+
+    from ninfer_convert.container import ArtifactWriter
+    from ninfer_convert.errors import UsageError
+    from ninfer_convert.logical import DirectWords
+
+    meta = {"producer": {"name": "t", "version": "0"}, "recipe": {"name": "r", "text": "",
+            "digest": "sha256:" + "0" * 64, "evidence": []}, "source": {"kind": "file",
+            "path": "/x", "config": None, "files": [], "tensors": {}}}  # fmt: skip
+    seen: list[list[str]] = []
+    out = tmp_path / "out"
+
+    def hook(staging: Path) -> None:
+        assert not out.exists()
+        seen.append(sorted(p.name for p in staging.iterdir()))
+
+    for fail in (False, True):
+        w = ArtifactWriter(out, metadata=meta)
+        w.add("t", "BF16", DirectWords(np.zeros((2, 2), np.uint16)), role="misc",
+              provenance={"sources": [], "conversion": None, "transforms": [],
+                          "encoder_profile": None, "rule": {"index": 0, "line": 1,
+                          "pattern": "t"}, "constraints": []})  # fmt: skip
+
+        def failing(staging: Path) -> None:
+            raise UsageError("refused")
+
+        if fail:
+            with pytest.raises(UsageError):
+                w.commit(before_publish=failing)
+            assert not out.exists() and list(tmp_path.iterdir()) == []
+        else:
+            assert w.commit(before_publish=hook) == out
+            assert seen == [["model.ninfer"]] and (out / "model.ninfer").is_file()
+            shutil.rmtree(out)
 
 
 # ---------------------------------------------------------------------------------------------
