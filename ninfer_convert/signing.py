@@ -105,9 +105,9 @@ def _library() -> ModuleType:
 
 def _hashing_config(ms: ModuleType, root: Path, signature: Path) -> Any:
     """File-level SHA-256 over everything but the signature file (and nothing git-related)."""
-    ignored = [_inside(root, signature)] if _inside(root, signature) is not None else []
+    inner = _inside(root, signature)
     config = ms.hashing.Config().use_file_serialization(hashing_algorithm=_HASH)
-    return config.set_ignored_paths(paths=ignored, ignore_git_paths=False)
+    return config.set_ignored_paths(paths=[] if inner is None else [inner], ignore_git_paths=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,10 +589,19 @@ def sign_directory(
         raise UsageError("the signature path is a directory or a link", path=str(sig))
     if not sig.parent.is_dir():
         raise UsageError("the signature's directory does not exist", path=str(sig.parent))
-    if sig.exists() and not overwrite:
-        raise UsageError(
-            "a signature already exists", path=str(sig), hint="pass --force to replace it"
-        )
+    if sig.exists():
+        if not overwrite:
+            raise UsageError(
+                "a signature already exists", path=str(sig), hint="pass --force to replace it"
+            )
+        try:  # --force replaces a signature, never a file the tool did not make
+            _read_bundle(sig)
+        except SignatureError as exc:
+            raise UsageError(
+                f"exists and is not a signature ({exc.message}): not replaced",
+                path=str(sig),
+                hint="choose another --signature path",
+            ) from None
     inner = _inside(root, sig)
     files, odd = _walk(root, [] if inner is None else [inner])
     if odd:
@@ -686,7 +695,7 @@ def verify_directory(
     inner = _inside(root, sig)
     if public_key is not None and bundle.method != "public-key":
         raise SignatureError(
-            f"the signature was made with a {bundle.method}, not a bare key",
+            f"this is a {bundle.method} signature, not a public-key one",
             path=str(sig),
             hint="check it with --certificate-chain or --sigstore-identity/--sigstore-issuer",
         )

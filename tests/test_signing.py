@@ -318,6 +318,14 @@ def test_existing_signature_is_replaced_only_with_force(
     assert code == 2 and "--force" in err
     assert (art / SIGNATURE_NAME).read_bytes() == before
     assert sorted(p.name for p in art.iterdir()) == sorted(p.name for p in signed.iterdir())
+    config = (art / "config.json").read_bytes()
+    code, _, err = ninfer(capsys, "sign", art, "--key", keys["b"][0], "--force",
+                          "--signature", art / "config.json")  # fmt: skip
+    assert code == 2 and "is not a signature" in err
+    assert (art / "config.json").read_bytes() == config
+    assert ninfer(capsys, "sign", art, "--key", keys["b"][0], "--force")[0] == 0
+    code, _, err = ninfer(capsys, "verify", art, "--public-key", keys["b"][1], "-q")
+    assert code == 0, err
 
 
 def test_links_are_refused_when_signing(
