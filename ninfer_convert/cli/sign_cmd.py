@@ -34,7 +34,8 @@ __all__ = ["command"]
               help="Sign with this certificate for --key (the bundle carries the chain "
               "instead of a key hint).")  # fmt: skip
 @click.option("--certificate-chain", "chain", multiple=True, metavar="PEM",
-              help="Intermediate certificates for --certificate (repeatable).")  # fmt: skip
+              help="CA certificates to embed with --certificate: at least its issuer "
+              "(repeatable).")  # fmt: skip
 @click.option("--sigstore", is_flag=True,
               help="Keyless Sigstore signing instead of --key (needs the network).")  # fmt: skip
 @click.option("--identity-token", default=None, metavar="TOKEN",

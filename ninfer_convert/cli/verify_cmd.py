@@ -204,12 +204,9 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
 @click.option("--certificate-chain", "chain", multiple=True, metavar="PEM",
               help="Check a certificate signature against these trusted certificates "
               "(repeatable).")  # fmt: skip
-@click.option(
-    "--sigstore-identity",
-    default=None,
-    metavar="IDENTITY",
-    help="Check a Sigstore signature made by this identity (needs the network).",
-)
+@click.option("--sigstore-identity", default=None, metavar="IDENTITY",
+              help="Check a Sigstore signature made by this identity (needs the "
+              "network).")  # fmt: skip
 @click.option("--sigstore-issuer", default=None, metavar="URL",
               help="The OIDC issuer of --sigstore-identity.")  # fmt: skip
 @click.option("--signature", default=None, metavar="PATH",
