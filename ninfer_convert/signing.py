@@ -2,7 +2,7 @@
 
 Our digests (xxh3-128) are unkeyed: they detect corruption, not tampering.  A signature made
 with the ``model-signing`` library (PyPI, the optional extra ``[sign]``) binds every file of a
-model directory to a key.  docs/cli.md "Signing" is the user-facing contract; in short:
+model directory to a key.  docs/cli.md "ninfer sign" is the user-facing contract; in short:
 
 * **What is covered.** Every regular file under the model directory, recursively (shards, the
   shard index, every side file, and any other file), hashed with SHA-256 file by file (the
@@ -340,7 +340,8 @@ def _model_directory(artifact: str | os.PathLike[str]) -> Path:
             f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
             path=str(p),
         )
-    return p.absolute()
+    # The library refuses a linked model directory; what it links to is the directory signed.
+    return p.resolve() if p.is_symlink() else p.absolute()
 
 
 def _signature_path(root: Path, signature: str | os.PathLike[str] | None) -> Path:

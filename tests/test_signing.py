@@ -610,3 +610,16 @@ def test_nothing_imports_model_signing_at_import_time() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+def test_a_linked_model_directory_signs_what_it_links_to(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys, tmp_path: Path
+) -> None:
+    art = _copy(built["single"], tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(art, target_is_directory=True)
+    code, _, err = ninfer(capsys, "sign", link, "--key", keys["a"][0])
+    assert code == 0, err
+    assert (art / SIGNATURE_NAME).is_file()
+    code, _, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q")
+    assert code == 0, err
