@@ -319,10 +319,13 @@ def _sigstore_error(what: str, exc: BaseException) -> SignatureError:
 
 def _inside(root: Path, path: Path) -> str | None:
     """``path`` relative to ``root`` (POSIX spelling), or None when it is outside."""
+    # Links resolved (but the last component: a linked signature is refused), so that
+    # LINK/model.sig of a linked model directory is inside the directory the link resolves to.
     try:
-        return PurePosixPath(path.relative_to(root)).as_posix()
+        rel = (path.parent.resolve() / path.name).relative_to(root.resolve())
     except ValueError:
         return None
+    return PurePosixPath(rel).as_posix()
 
 
 def _model_directory(artifact: str | os.PathLike[str]) -> Path:
@@ -350,7 +353,8 @@ def _signature_path(root: Path, signature: str | os.PathLike[str] | None) -> Pat
 
 def _walk(root: Path, ignored: Iterable[str]) -> tuple[dict[str, Path], list[str]]:
     """(regular files by relative name, relative names of links and special files) under
-    ``root``, skipping ``ignored`` relative paths and everything below them."""
+    ``root``, skipping the ``ignored`` relative paths that are regular files (a directory
+    there is walked: the signature is a file, and must not hide others)."""
     skip = [PurePosixPath(i) for i in ignored]
     files: dict[str, Path] = {}
     odd: list[str] = []
@@ -362,9 +366,9 @@ def _walk(root: Path, ignored: Iterable[str]) -> tuple[dict[str, Path], list[str
         for entry in entries:
             path = Path(entry.path)
             rel = PurePosixPath(path.relative_to(root))
-            if any(rel == s or s in rel.parents for s in skip):
-                continue
             mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISREG(mode) and rel in skip:
+                continue
             if stat.S_ISDIR(mode):
                 stack.append(path)
             elif stat.S_ISREG(mode):
@@ -726,6 +730,10 @@ def verify_directory(
             path=str(sig),
             hint="the signature was altered, or was made by another signer",
         ) from None
+    # The library skips the excluded paths whatever they are: a directory there hides files.
+    files, odd = _walk(root, [*bundle.ignore_paths, *([] if inner is None else [inner])])
+    if odd or any(name not in bundle.resources for name in files):
+        raise _tampered(root, sig, bundle, "an excluded signature path is not a regular file")
     return SignatureStatus(
         str(sig), True, True, bundle.method, bundle.identity or _mode_identity(expected_key),
         len(bundle.resources),

@@ -623,3 +623,36 @@ def test_a_linked_model_directory_signs_what_it_links_to(
     assert (art / SIGNATURE_NAME).is_file()
     code, _, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q")
     assert code == 0, err
+
+
+def test_a_directory_at_the_excluded_signature_path_hides_nothing(
+    capsys: pytest.CaptureFixture[str], signed: Path, keys, tmp_path: Path
+) -> None:
+    """The signed statement excludes model.sig; a directory there must not hide what it holds."""
+    art = _copy(signed, tmp_path)
+    sig = tmp_path / "moved.sig"
+    (art / SIGNATURE_NAME).rename(sig)
+    (art / SIGNATURE_NAME).mkdir()
+    (art / SIGNATURE_NAME / "payload.ninfer").write_bytes(b"\0" * 16)
+    code, out, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q",
+                            "--signature", sig)  # fmt: skip
+    assert code == SIG_EXIT, err
+    assert f"added {SIGNATURE_NAME}/payload.ninfer" in err and out == ""
+
+
+def test_signature_inside_a_linked_directory_is_excluded_from_what_it_signs(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys, tmp_path: Path
+) -> None:
+    art = _copy(built["single"], tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(art, target_is_directory=True)
+    sig = link / SIGNATURE_NAME
+    count = len(list(art.iterdir()))
+    for extra in ((), ("--force",)):  # the second time, the first signature is there
+        code, out, err = ninfer(capsys, "sign", link, "--key", keys["a"][0], "--signature", sig,
+                                *extra)  # fmt: skip
+        assert code == 0, err
+        assert f": {count} files" in out
+        code, _, err = ninfer(capsys, "verify", link, "--public-key", keys["a"][1], "-q",
+                              "--signature", sig)  # fmt: skip
+        assert code == 0, err
