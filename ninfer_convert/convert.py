@@ -15,7 +15,8 @@ Contract:
   bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
   model.  Everything is staged by :class:`~.container.ArtifactWriter` and renamed into place
   only when complete; a failure or Ctrl-C leaves nothing under the output name.
-* The model directory gets the source's side files and, unless the recipe says
+* The model directory gets the source's side files (but the source's own ``model.sig``, which
+  signs the source's files, not the artifact's) and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
   own README.md is kept as SOURCE_README.md); a name clash is refused before any tensor is read.
 * With ``signer`` (:mod:`.signing`), the complete staging directory is signed as the last step
@@ -398,14 +399,13 @@ def convert_checkpoint(
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
-    side_files = side_file_names(plan, src.side_files)  # refuses a name clash before reading
-    if signer is not None and any(name == SIGNATURE_NAME for _, name in side_files):
-        raise UsageError(
-            f"the source has a {SIGNATURE_NAME} side file, which would collide with the "
-            "artifact's signature",
-            path=str(plan.source_path),
-            hint=f"move the source's {SIGNATURE_NAME} away, or convert without --sign-key",
-        )
+    # A signed source's model.sig covers the source's files, not the artifact's: copied, it
+    # would pass for the artifact's signature (and 'sign --force' would change a side file).
+    side_files = [
+        (path, name)
+        for path, name in side_file_names(plan, src.side_files)  # refuses a clash before reading
+        if name != SIGNATURE_NAME
+    ]
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
     used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"

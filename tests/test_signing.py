@@ -438,12 +438,27 @@ def test_failed_signing_in_convert_leaves_nothing(
     assert seen and list(tmp_path.iterdir()) == []
 
 
-def test_convert_refuses_a_source_signature_side_file(keys, tmp_path: Path) -> None:
+def test_convert_does_not_carry_the_source_signature_into_the_artifact(
+    capsys: pytest.CaptureFixture[str], keys, tmp_path: Path
+) -> None:
+    """A signed source's model.sig covers the source's files: in the artifact it would read as
+    the artifact's signature, and 'sign --force' would then break the side-file digests."""
     src = Path(shutil.copytree(EXAMPLE, tmp_path / "src"))
     (src / SIGNATURE_NAME).write_text("the source's own signature")
-    code = main(["convert", str(src), "--recipe", str(RECIPE), "--output", str(tmp_path / "o"),
-                 "--sign-key", str(keys["a"][0])])  # fmt: skip
-    assert code == 2 and not (tmp_path / "o").exists()
+    plain, signed_out = tmp_path / "plain", tmp_path / "signed"
+    code, _, err = ninfer(capsys, "convert", src, "--recipe", RECIPE, "--output", plain)
+    assert code == 0, err
+    assert not (plain / SIGNATURE_NAME).exists()
+    code, out, err = ninfer(capsys, "inspect", plain, "--json")
+    assert json.loads(out)["signature"]["present"] is False
+    assert ninfer(capsys, "sign", plain, "--key", keys["a"][0])[0] == 0
+    code, _, err = ninfer(capsys, "verify", plain, "--public-key", keys["a"][1], "-q")
+    assert code == 0, err  # the side files recorded in the headers are untouched
+    code, _, err = ninfer(capsys, "convert", src, "--recipe", RECIPE, "--output", signed_out,
+                          "--sign-key", keys["a"][0])  # fmt: skip
+    assert code == 0, err
+    code, _, err = ninfer(capsys, "verify", signed_out, "--public-key", keys["a"][1], "-q")
+    assert code == 0, err
 
 
 # ---------------------------------------------------------------------------------------------
