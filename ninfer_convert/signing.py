@@ -53,6 +53,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from .container.wire import INDEX_NAME, SINGLE_NAME
+from .container.writer import fsync_dir
 from .errors import NinferError, ResourceError, SignatureError, UsageError
 from .jsonlimits import nesting_problem
 
@@ -386,18 +387,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------------------------
 # reading a bundle (no library needed)
 
@@ -623,7 +612,7 @@ def sign_directory(
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, sig)
-        _fsync_dir(sig.parent)
+        fsync_dir(sig.parent)
     except NinferError:
         raise
     except OSError as exc:

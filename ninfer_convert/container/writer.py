@@ -82,7 +82,7 @@ from .wire import (
     shard_name,
 )
 
-__all__ = ["ArtifactWriter", "WrittenTensor", "check_writer_alignment"]
+__all__ = ["ArtifactWriter", "WrittenTensor", "check_writer_alignment", "fsync_dir"]
 
 _COPY_CHUNK = 8 << 20
 _ZEROS = bytes(64 << 10)
@@ -103,7 +103,7 @@ def check_writer_alignment(alignment: object) -> None:
         raise _usage(exc, "ArtifactWriter") from None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """fsync a directory so a rename inside it is durable (a no-op where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -535,7 +535,7 @@ class ArtifactWriter:
                 fh.write(canonical_json(index.to_json()))
                 fh.flush()
                 os.fsync(fh.fileno())
-        _fsync_dir(self.staging)
+        fsync_dir(self.staging)
         if before_publish is not None:
             before_publish(self.staging)
         self._publish()
@@ -555,7 +555,7 @@ class ArtifactWriter:
             else:
                 out.rmdir()
         os.rename(self.staging, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
 
