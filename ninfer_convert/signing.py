@@ -379,6 +379,14 @@ def _walk(root: Path, ignored: Iterable[str]) -> tuple[dict[str, Path], list[str
     return dict(sorted(files.items())), sorted(odd)
 
 
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode's surrogate escapes of undecodable bytes
+        return False
+    return True
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -603,6 +611,13 @@ def sign_directory(
             "cannot sign links or special files: " + ", ".join(odd),
             path=str(root),
             hint="a signed model directory holds regular files only",
+        )
+    undecodable = [ascii(n) for n in files if not _is_utf8(n)]
+    if undecodable:  # the signed statement is JSON text: every name must be UTF-8
+        raise UsageError(
+            "cannot sign file names that are not UTF-8: " + ", ".join(undecodable),
+            path=str(root),
+            hint="rename those files",
         )
     hashing = _hashing_config(ms, root, sig)
     tmp = sig.parent / f".{sig.name}.ninfer-tmp-{secrets.token_hex(6)}"

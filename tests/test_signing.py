@@ -671,3 +671,15 @@ def test_signature_inside_a_linked_directory_is_excluded_from_what_it_signs(
         code, _, err = ninfer(capsys, "verify", link, "--public-key", keys["a"][1], "-q",
                               "--signature", sig)  # fmt: skip
         assert code == 0, err
+
+
+def test_a_file_name_that_is_not_utf8_is_a_usage_error_naming_it(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys, tmp_path: Path
+) -> None:
+    art = _copy(built["single"], tmp_path)
+    with open(os.fsencode(art) + b"/notes-\xff.txt", "wb") as fh:  # a signed statement is JSON
+        fh.write(b"x")
+    code, _, err = ninfer(capsys, "sign", art, "--key", keys["a"][0])
+    assert code == 2, err
+    assert "notes-" in err and "UTF-8" in err
+    assert not (art / SIGNATURE_NAME).exists()
