@@ -41,7 +41,7 @@ def test_a_4_bit_tensor_with_16_value_rows_costs_34_bits_and_warns(tmp_path: Pat
     assert w["excess"] == 34.0 / 4.25 - 1 == 7.0
     assert "34.000 bits per weight" in w["message"]
     assert "padded to a multiple of 128" in w["message"]
-    assert "BF16 would store it exactly in 16 bits" in w["message"]
+    assert "BF16 would store a BF16 source exactly in 16 bits" in w["message"]
 
 
 def test_full_rows_do_not_warn() -> None:
@@ -72,6 +72,16 @@ def test_fp8_row_layout_at_and_above_the_threshold() -> None:
     w = padding_warning("w", fmt, (4, 19), _layout_bytes(fmt, (4, 19)))
     assert w is not None and w.physical_bits_per_weight == float(Fraction(8 * 19 + 16, 19))
     assert "BF16 scale" in w.message and "BF16 would" not in w.message
+
+
+@pytest.mark.parametrize(("fmt", "shape"), [("NVFP4", (4, 16)), ("FP8_E4M3FN_ROW_BF16S", (4, 1))])
+def test_copied_formats_above_16_bits_do_not_claim_bf16_is_exact(
+    fmt: str, shape: tuple[int, int]
+) -> None:
+    # An already-quantized source (scale x code) is not exact in BF16's 8-bit significand.
+    w = padding_warning("w", fmt, shape, _layout_bytes(fmt, shape))
+    assert w is not None and w.physical_bits_per_weight > 16
+    assert "BF16" not in w.message.split(":", 1)[1].replace("BF16 scale", "")
 
 
 def test_empty_tensor_never_warns() -> None:

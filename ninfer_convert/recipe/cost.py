@@ -59,8 +59,10 @@ class PaddingWarning:
             f"the nominal {self.nominal_bits_per_weight:g}: {_WHY[fmt.category]}"
         )
         bf16 = FORMATS["BF16"].logical_bits_per_weight
-        if self.physical_bits_per_weight > bf16:
-            text += f"; BF16 would store it exactly in {bf16:g} bits per weight"
+        # Only an encoded tensor came from a float source; an already-quantized one (NVFP4,
+        # FP8 row: scale x code) does not fit BF16's 8-bit significand.
+        if fmt.category is Category.GROUPED and self.physical_bits_per_weight > bf16:
+            text += f"; BF16 would store a BF16 source exactly in {bf16:g} bits per weight"
         return text
 
     def to_dict(self) -> dict[str, object]:
