@@ -685,7 +685,9 @@ def verify_directory(
         config = config.use_certificate_verifier(certificate_chain=chain)
     else:
         if not sigstore_identity or not sigstore_issuer:
-            raise UsageError("--sigstore-identity and --sigstore-issuer go together")
+            raise UsageError(
+                "--sigstore-identity and --sigstore-issuer go together, neither of them empty"
+            )
         try:
             config = config.use_sigstore_verifier(
                 identity=sigstore_identity, oidc_issuer=sigstore_issuer,

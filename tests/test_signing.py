@@ -683,3 +683,13 @@ def test_a_file_name_that_is_not_utf8_is_a_usage_error_naming_it(
     assert code == 2, err
     assert "notes-" in err and "UTF-8" in err
     assert not (art / SIGNATURE_NAME).exists()
+
+
+def test_empty_sigstore_options_are_not_silently_ignored(
+    capsys: pytest.CaptureFixture[str], signed: Path
+) -> None:
+    """`--sigstore-identity "$ID"` with ID unset must not verify without checking the signature."""
+    code, out, err = ninfer(capsys, "verify", signed, "--no-source", "-q",
+                            "--sigstore-identity", "", "--sigstore-issuer", "")  # fmt: skip
+    assert code == 2, out
+    assert "--sigstore-identity" in err and "PASS" not in out

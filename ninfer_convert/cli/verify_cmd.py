@@ -242,7 +242,9 @@ def command(
     if source is not None and no_source:
         raise UsageError("--source and --no-source contradict each other")
     sig: SignatureStatus
-    if public_key is not None or chain or sigstore_identity or sigstore_issuer:
+    # ``is not None``: an empty value (an unset shell variable) asks for a check too.
+    asked = (public_key, sigstore_identity, sigstore_issuer)
+    if chain or any(a is not None for a in asked):
         if not quiet:
             click.echo("verify: signature", err=True)
         sig = verify_directory(
