@@ -167,7 +167,9 @@ def plan_conversion(
     """Open the source and plan it against the recipe (metadata only)."""
     src = source if isinstance(source, SourceCheckpoint) else open_source(source)
     # Given a path, build_plan reports recipe-file and against-source problems together.
-    return src, build_plan(recipe, src, check_identity=check_identity)
+    plan = build_plan(recipe, src, check_identity=check_identity)
+    side_file_names(plan, src.side_files)  # a model-card name clash fails a dry run too
+    return src, plan
 
 
 def derive_logical(

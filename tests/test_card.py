@@ -109,6 +109,15 @@ def test_a_card_name_clash_is_refused_before_writing(
     assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
 
 
+def test_a_dry_run_refuses_a_card_name_clash_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _source_with_card(tmp_path, "README.md", "SOURCE_README.md")
+    code = main(["convert", str(src), "--recipe", str(QWEN_RECIPE), "--dry-run"])
+    assert code == UsageError.exit_code
+    assert "SOURCE_README.md" in capsys.readouterr().err
+
+
 def test_a_lowercase_source_card_is_kept_too(tmp_path: Path) -> None:
     src = _source_with_card(tmp_path, "readme.md")
     out = convert_checkpoint(src, QWEN_RECIPE, tmp_path / "o", device="cpu", jobs=1).output
