@@ -8,8 +8,9 @@ model directory to a key.  docs/cli.md "ninfer sign" is the user-facing contract
   shard index, every side file, and any other file), hashed with SHA-256 file by file (the
   library's ``files`` serialization).  Only the signature file itself is excluded, when it lies
   inside the directory (``model.sig`` by default; its relative path is recorded in the signed
-  statement).  Nothing else is excluded (``.git`` files are covered too).  Symbolic links and
-  special files are refused when signing and reported as tampering when verifying.
+  statement), and only while it is a regular file: a directory there is walked like any other.
+  Nothing else is excluded (``.git`` files are covered too).  Symbolic links and special files
+  are refused when signing and reported as tampering when verifying.
 * **The signature** is the library's Sigstore bundle (JSON): a DSSE envelope over an in-toto
   statement whose predicate lists every covered file's name and digest.  The statement's subject
   name is the directory's name at signing time (for ``convert --sign-key``, its hidden staging
