@@ -353,7 +353,7 @@ def test_repo_id_found_in_cache(tmp_path: Path) -> None:
     assert src.config == {"model_type": "llama"}
     assert src.read("w").words.tolist() == [0, 0x3F800000, 0x40000000, 0x40400000]
     assert [p.name for p in src.side_files] == ["config.json", "tokenizer.json"]
-    assert src.side_files[0].parent == snap
+    assert src.side_files[0].path.parent == snap
 
 
 def test_repo_id_with_revision(tmp_path: Path) -> None:

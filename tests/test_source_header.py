@@ -62,6 +62,10 @@ def _mutated(change: str) -> tuple[dict[str, object] | str | bytes, bytes]:
         a["dtype"] = "F17"
     elif change == "f4":
         a["dtype"] = "F4"
+        a["shape"] = [3]
+        a["data_offsets"] = [0, 2]
+        h["b"] = {"dtype": "I64", "shape": [1], "data_offsets": [2, 10]}
+        data = bytes(10)
     elif change == "shape-negative":
         a["shape"] = [2, -3]
     elif change == "shape-bool":
@@ -102,7 +106,7 @@ def _mutated(change: str) -> tuple[dict[str, object] | str | bytes, bytes]:
     elif change == "bad-json":
         return '{"a": ', b""
     elif change == "not-brace":
-        return ' {"a": 1}', b""
+        return ' [{"a": 1}]', b""
     elif change == "utf8":
         return b'{"\xff": 1}', b""
     return h, data
@@ -112,7 +116,7 @@ def _mutated(change: str) -> tuple[dict[str, object] | str | bytes, bytes]:
     ("change", "needle"),
     [
         ("dtype", "not a safetensors dtype"),
-        ("f4", "is not supported"),
+        ("f4", "does not fill whole bytes"),
         ("shape-negative", "non-negative integers"),
         ("shape-bool", "non-negative integers"),
         ("shape-not-list", "non-negative integers"),
@@ -158,12 +162,27 @@ def test_framing_errors(tmp_path: Path) -> None:
         parse_header(past)
 
 
-def test_sizes_use_python_ints(tmp_path: Path) -> None:
+def test_sizes_use_python_ints_and_are_capped(tmp_path: Path) -> None:
     # numel * itemsize overflows int64 here; a numpy product would wrap and might "match".
-    big = 2**62
-    h = {"a": {"dtype": "F32", "shape": [big, 4], "data_offsets": [0, 0]}}
-    with pytest.raises(SourceError, match="needs"):
+    for shape in ([2**62, 4], [0, 10**30], [2**40, 0, 2**40]):
+        h = {"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}
+        with pytest.raises(SourceError, match="spans more than 9223372036854775807 bytes"):
+            parse_header(raw_file(tmp_path / "big.safetensors", h))
+    # Below the cap the exact Python-int size is compared (2**60 bytes != 0).
+    h = {"a": {"dtype": "U8", "shape": [2**40, 2**20], "data_offsets": [0, 0]}}
+    with pytest.raises(SourceError, match="needs 1152921504606846976"):
         parse_header(raw_file(tmp_path / "big.safetensors", h))
+    # An empty tensor whose other extent numpy can still address is valid (as in safetensors).
+    h = {"a": {"dtype": "U8", "shape": [0, 2**62], "data_offsets": [0, 0]}}
+    assert parse_header(raw_file(tmp_path / "ok.safetensors", h)).tensors["a"].nbytes == 0
+
+
+def test_too_many_dimensions_refused(tmp_path: Path) -> None:
+    h = {"a": {"dtype": "U8", "shape": [1] * 65, "data_offsets": [0, 1]}}
+    with pytest.raises(SourceError, match="65 dimensions; at most 64"):
+        parse_header(raw_file(tmp_path / "d.safetensors", h, b"\0"))
+    h = {"a": {"dtype": "U8", "shape": [1] * 64, "data_offsets": [0, 1]}}
+    assert parse_header(raw_file(tmp_path / "d.safetensors", h, b"\0")).tensors["a"].nbytes == 1
 
 
 @given(st.data())

@@ -8,6 +8,7 @@ decides whether that is a usage error (writer) or an artifact error (reader).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 
 from ..errors import NinferError
@@ -23,9 +24,16 @@ __all__ = [
     "check_tensor_geometry",
     "check_tensor_name",
     "expected_planes",
+    "side_file_key",
 ]
 
 MAX_NAME_CHARS = 4096
+
+MAX_SIDE_FILE_DEPTH = 8
+"""Most path components in a side file name (``a/b/c.json`` has 3)."""
+
+MAX_SIDE_FILE_CHARS = 4096
+"""Most characters in a side file name, separators included."""
 
 
 def _message(exc: NinferError) -> str:
@@ -139,22 +147,34 @@ def check_placement(tensors: Iterable[TensorEntry], alignment: int, start: int, 
     return cursor
 
 
+def side_file_key(name: str) -> str:
+    """What a case-insensitive, normalising file system (APFS, NTFS, exFAT) treats as equal:
+    two side file names (or a name and a folder prefix) with the same key collide."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
+
+
 def check_side_file_name(name: str, where: str) -> None:
-    """A side file is a plain file name that cannot be mistaken for a container file."""
+    """A side file name is a relative path of plain components that cannot be mistaken for a
+    container file (docs/container.md section 4.6)."""
+    parts = name.split("/") if isinstance(name, str) else []
     bad = (
-        not name
-        or len(name) > 255
-        or name in (".", "..")
-        or "/" in name
+        not parts
+        or len(name) > MAX_SIDE_FILE_CHARS
+        or len(parts) > MAX_SIDE_FILE_DEPTH
         or "\\" in name
-        or "\x00" in name
-        or any(ord(c) < 0x20 for c in name)
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+        or any(not part or len(part) > 255 or part in (".", "..") for part in parts)
     )
     if bad:
-        raise SchemaError(where, f"side file name {name!r} is not a plain file name")
+        raise SchemaError(
+            where,
+            f"side file name {name!r} is not a relative path of 1..{MAX_SIDE_FILE_DEPTH} "
+            "plain file names joined by '/'",
+        )
+    folded = name.casefold()
     if (
-        name in (SINGLE_NAME, INDEX_NAME)
-        or parse_shard_name(name) is not None
-        or name.endswith(".ninfer")
+        folded in (SINGLE_NAME, INDEX_NAME)
+        or parse_shard_name(folded) is not None
+        or folded.endswith(".ninfer")
     ):
         raise SchemaError(where, f"side file name {name!r} is reserved for container files")

@@ -34,6 +34,7 @@ import mmap
 import os
 import secrets
 import shutil
+import stat
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import xxhash
 
-from ..errors import NinferError, UsageError
+from ..errors import NinferError, SourceError, UsageError
 from ..formats import lookup_format
 from ..layouts import Buffer, Layout, check_combination, logical_shape
 from ..layouts.base import plane_u8
@@ -54,6 +55,7 @@ from .checks import (
     check_side_file_name,
     check_tensor_geometry,
     check_tensor_name,
+    side_file_key,
 )
 from .schema import (
     ArtifactMeta,
@@ -203,6 +205,7 @@ class ArtifactWriter:
 
         self._names: set[str] = set()
         self._side: dict[str, SideFile] = {}
+        self._side_keys: dict[str, str] = {}  # side_file_key -> name or "folder/" (add_file)
         self._shards: list[_Shard] = []
         self._state = "open"
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -445,7 +448,15 @@ class ArtifactWriter:
     # -- side files ----------------------------------------------------------------------------
 
     def add_file(self, src_path: str | os.PathLike[str], dest_name: str) -> SideFile:
-        """Copy a non-weight file into the model directory under the plain name ``dest_name``."""
+        """Copy a non-weight file into the model directory under ``dest_name``.
+
+        ``dest_name`` is a relative path with ``/`` separators (``1_Pooling/config.json``;
+        docs/container.md section 4.6); folders are created in the staging directory.  Names
+        equal after case folding and NFC normalisation, or a file and a folder of the same
+        name, are refused (they would collide on a case-insensitive file system).  The source
+        is opened without blocking and must be a regular file (``fstat`` of the opened
+        descriptor, so a FIFO or device never reaches a read); exactly the size ``fstat``
+        reported is copied, and a file that shrinks or grows meanwhile is a SourceError."""
         self._require_open()
         if not isinstance(dest_name, str):
             raise UsageError(f"side file name must be a string, not {dest_name!r}")
@@ -458,21 +469,52 @@ class ArtifactWriter:
             raise UsageError(f"side file name {dest_name!r} is not encodable as UTF-8") from None
         if dest_name in self._side:
             raise UsageError(f"side file {dest_name!r} added twice")
+        parts = dest_name.split("/")
+        keys = [side_file_key("/".join(parts[: i + 1])) for i in range(len(parts))]
+        for i, key in enumerate(keys):
+            mine = "/".join(parts[: i + 1]) + ("" if i == len(parts) - 1 else "/")
+            other = self._side_keys.get(key)
+            if other is not None and other != mine:
+                raise UsageError(
+                    f"side file {dest_name!r}: {mine!r} and {other!r} would be the same name "
+                    "on a case-insensitive file system"
+                )
         src = Path(src_path)
-        if not src.is_file():
-            raise UsageError(f"side file {src} does not exist or is not a regular file")
-        dest = self.staging / dest_name
-        h = xxhash.xxh3_128()
-        size = 0
-        with open(src, "rb") as fin, open(dest, "wb") as fout:
-            while chunk := fin.read(_COPY_CHUNK):
-                h.update(chunk)
-                fout.write(chunk)
-                size += len(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        try:
+            fd = os.open(src, flags | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise UsageError(f"side file {src} cannot be opened: {exc.strerror or exc}") from None
+        with open(fd, "rb", buffering=0) as fin:
+            st = os.fstat(fin.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(
+                    f"side file {src} is not a regular file (a FIFO, device or socket)"
+                )
+            if len(parts) > 1:
+                (self.staging / dest_name).parent.mkdir(parents=True, exist_ok=True)
+            h = xxhash.xxh3_128()
+            size = 0
+            with open(self.staging / dest_name, "xb") as fout:
+                while size < st.st_size:
+                    chunk = fin.read(min(_COPY_CHUNK, st.st_size - size))
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    fout.write(chunk)
+                    size += len(chunk)
+                if size != st.st_size or fin.read(1):
+                    raise SourceError(
+                        f"side file changed while it was copied ({st.st_size} bytes when opened)",
+                        path=str(src),
+                        hint="do not modify the source during conversion",
+                    )
+                fout.flush()
+                os.fsync(fout.fileno())
         info = SideFile(dest_name, size, h.hexdigest())
         self._side[dest_name] = info
+        for i, key in enumerate(keys):
+            self._side_keys[key] = "/".join(parts[: i + 1]) + ("" if i == len(parts) - 1 else "/")
         return info
 
     # -- commit / abort ------------------------------------------------------------------------

@@ -11,7 +11,9 @@ claims source tensors not claimed by an earlier rule; the first rule that matche
 owns it.  A rule that ends up claiming nothing is an error (unless ``optional: true``), so a
 rule can never be silently shadowed.  ``derive`` and ``copy`` rules name their inputs
 explicitly; an input already claimed by an earlier rule is an error, never a silent reuse.
-Tensors no rule claims are an error.
+Tensors no rule claims are an error.  A tensor of a dtype the converter cannot read as values
+(F4, F6_*, F8_*FNUZ, C64: ``source.header.OPAQUE_DTYPES``) can only be skipped; an output
+made from one is an error.
 
 The plan is deterministic (entries sorted by output name) and JSON-serialisable
 (:meth:`Plan.to_json`); :meth:`PlanEntry.to_dict` / :meth:`PlanEntry.from_dict` round-trip.
@@ -622,6 +624,16 @@ class _Planner:
             fmt = FORMATS.get(cand.rule.format or "")
             if fmt is None:
                 continue  # an unknown format was reported at load time
+            opaque = [i for i, _f in cand.sources if not i.convertible]
+            if opaque:
+                # F4, F6_*, F8_*FNUZ, C64: the source reader only digests them.
+                for i in opaque:
+                    self.err(
+                        cand.rule,
+                        f"{cand.output!r}: source tensor {i.name!r} is {i.dtype}, a dtype the "
+                        "converter cannot read as values; name it in a skip rule instead",
+                    )
+                continue
             entry = (
                 self._copy_entry(cand, fmt)
                 if cand.rule.kind == "copy"

@@ -17,15 +17,33 @@ Contract:
   -0.0 survive.  The array is a read-only view of a memory map of just that tensor's bytes, so
   memory follows the largest tensor being read, never the model; the map is released when the
   array is dropped.  The xxh3-128 digest of the raw bytes is computed in the same pass.
+* Tensors of the :data:`~.header.OPAQUE_DTYPES` (F4, F6_*, F8_*FNUZ, C64) are listed and
+  digested like any other, so a ``skip`` rule can name them; :meth:`SourceCheckpoint.read`
+  returns their raw bytes as a flat ``uint8`` array (``SourceTensorInfo.convertible`` is
+  False), and no rule can convert them.
+* Tensor names that differ but are equal after Unicode NFKC normalisation (which includes NFC)
+  are refused as twins: tools downstream that normalise names would merge them.
+* Side files (:attr:`SourceCheckpoint.side_files`) are the non-weight files of a model
+  directory that the converter copies into the output, found by :func:`scan_side_files`
+  under the rules of :data:`SIDE_FILE_LEFT_OUT` (docs/cli.md, "Side files"): regular files
+  only, in subfolders too (kept with their relative path, ``1_Pooling/config.json``);
+  symlinks only when they resolve inside the source directory (for a cached repo id: inside
+  that repo's cache folder, where the snapshot's symlinks point); FIFOs, devices, sockets,
+  symlinked folders, names that are not UTF-8 or that the container cannot store, and names
+  that collide on a case-insensitive or normalising file system are a SourceError listing
+  every offender.  ``config.json`` and the shard index are read the same way (regular files,
+  never blocking, at most :data:`MAX_JSON_FILE_BYTES`).
 * Nothing here writes; reading is thread-safe (each read maps its own region).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import mmap
 import os
-import re
+import stat
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +54,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from ..container.checks import MAX_SIDE_FILE_DEPTH, check_side_file_name, side_file_key
+from ..container.schema import SchemaError
 from ..errors import SourceError
 from ..readahead import read_ahead
 from .header import DTYPES, SafetensorsHeader, loads_strict_json, parse_header
@@ -43,13 +63,18 @@ from .hf_cache import looks_like_repo_id, resolve_cached_repo
 
 __all__ = [
     "INDEX_NAME",
+    "MAX_JSON_FILE_BYTES",
+    "MAX_SIDE_FILES",
+    "SIDE_FILE_LEFT_OUT",
     "SINGLE_NAME",
+    "SideFileSource",
     "SourceArray",
     "SourceCheckpoint",
     "SourceKind",
     "SourceTensorInfo",
     "digest_bytes",
     "open_source",
+    "scan_side_files",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -58,21 +83,40 @@ DIGEST_PREFIX = "xxh3-128:"
 
 SourceKind = Literal["hf-dir", "safetensors-file"]
 
-# Weight files of other serialisations are not copied as side files: they duplicate the
-# safetensors weights (often at full size) and are never part of the output model directory.
-_OTHER_WEIGHT_SUFFIXES = (
-    ".bin",
-    ".pt",
-    ".pth",
-    ".ckpt",
-    ".h5",
-    ".msgpack",
-    ".gguf",
-    ".onnx",
-    ".ot",
-    ".safetensors",
+MAX_JSON_FILE_BYTES = 100_000_000
+"""Cap on ``config.json`` and ``model.safetensors.index.json`` (the safetensors header cap)."""
+
+MAX_SIDE_FILES = 10_000
+"""Most side files one model directory may have (real ones have a few dozen)."""
+
+SIDE_FILE_LEFT_OUT: tuple[tuple[str, str], ...] = (
+    # (pattern on the case-folded name of a file or folder, at any depth; why it is left out)
+    (".*", "hidden file or folder (.git/, .gitattributes, .DS_Store, .cache/)"),
+    ("*.safetensors", "safetensors weights: the artifact holds them converted"),
+    ("*.safetensors.index.json", "the safetensors shard index: the artifact has its own"),
+    ("*.bin", "weights in another format (PyTorch pickle)"),
+    ("*.bin.index.json", "shard index of weights in another format"),
+    ("*.pt", "weights in another format (PyTorch pickle)"),
+    ("*.pth", "weights in another format (PyTorch pickle)"),
+    ("*.ckpt", "weights in another format (checkpoint)"),
+    ("*.gguf", "weights in another format (GGUF)"),
+    ("*.onnx", "weights in another format (ONNX)"),
+    ("*.onnx_data", "weights in another format (ONNX external data)"),
+    ("*.msgpack", "weights in another format (Flax)"),
+    ("*.msgpack.index.json", "shard index of weights in another format"),
+    ("*.h5", "weights in another format (Keras/TensorFlow)"),
+    ("*.h5.index.json", "shard index of weights in another format"),
+    ("*.ot", "weights in another format (rust-bert)"),
+    ("*.ninfer", "a .ninfer container: the output's own file names"),
+    ("*.ninfer.index.json", "a .ninfer shard index: the output's own file names"),
+    ("desktop.ini", "operating-system junk (Windows)"),
+    ("thumbs.db", "operating-system junk (Windows)"),
+    ("ehthumbs.db", "operating-system junk (Windows)"),
+    ("__macosx", "operating-system junk (macOS archive folder)"),
+    ("icon\r", "operating-system junk (macOS folder icon)"),
 )
-_OTHER_WEIGHT_INDEX = re.compile(r".*\.(bin|pt|pth|safetensors|msgpack|h5)\.index\.json")
+"""What :func:`scan_side_files` does not copy: the one table (docs/cli.md, "Side files").
+Everything else that is a regular file under the source directory is copied."""
 
 
 def digest_bytes(data: object) -> str:
@@ -99,9 +143,33 @@ class SourceTensorInfo:
         return math.prod(self.shape)  # Python ints: never wraps
 
     @property
+    def convertible(self) -> bool:
+        """False for the opaque dtypes (F4, F6_*, F8_*FNUZ, C64): only skipping applies."""
+        return self.dtype in DTYPES
+
+    @property
     def word_dtype(self) -> str:
-        """numpy dtype of the words :meth:`SourceCheckpoint.read` returns."""
-        return DTYPES[self.dtype].word_dtype
+        """numpy dtype of the words :meth:`SourceCheckpoint.read` returns (``u1``, the raw
+        bytes, for an opaque dtype)."""
+        info = DTYPES.get(self.dtype)
+        return "u1" if info is None else info.word_dtype
+
+
+@dataclass(frozen=True)
+class SideFileSource:
+    """One side file to copy: its relative name in the output and where it is read from.
+
+    It is path-like (``os.fspath`` gives :attr:`path`), so it can be opened directly."""
+
+    name: str
+    """Relative path with ``/`` separators, the name it gets in the output (``a/b.json``)."""
+    path: Path
+    """Absolute path in the source (may be a symlink that resolves inside the source)."""
+    size: int
+    """Size in bytes when the source was opened."""
+
+    def __fspath__(self) -> str:
+        return str(self.path)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,7 +201,7 @@ class SourceCheckpoint:
         config: dict[str, object] | None,
         tensors: Mapping[str, SourceTensorInfo],
         files: tuple[tuple[str, int], ...],
-        side_files: tuple[Path, ...],
+        side_files: tuple[SideFileSource, ...],
         root: Path,
     ) -> None:
         self.path = path
@@ -145,7 +213,8 @@ class SourceCheckpoint:
         self.files = files
         """Weight files as ``(name, size in bytes)``, sorted by name."""
         self.side_files = side_files
-        """Non-weight files of a model directory to copy to the output, sorted by name."""
+        """Non-weight files of a model directory to copy to the output, sorted by name
+        (see the module contract and :func:`scan_side_files`)."""
         self._root = root
         self._sizes = dict(files)
 
@@ -191,7 +260,7 @@ class SourceCheckpoint:
         if info is None:
             raise SourceError(f"no tensor named {name!r} in the source", path=str(self.path))
         fpath = self._root / info.file
-        dt = np.dtype(DTYPES[info.dtype].word_dtype)
+        dt = np.dtype(info.word_dtype)
         try:
             fd = os.open(fpath, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
@@ -209,14 +278,16 @@ class SourceCheckpoint:
                 )
             if info.nbytes == 0:
                 raw = np.zeros(0, dtype=np.uint8)
-                words: npt.NDArray[np.generic] = np.zeros(info.shape, dtype=dt)
+                words: npt.NDArray[np.generic] = (
+                    np.zeros(info.shape, dtype=dt) if info.convertible else raw
+                )
             else:
                 # mmap offsets must be multiples of the allocation granularity.
                 start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
                 delta = info.offset - start
                 mm = mmap.mmap(fd, delta + info.nbytes, access=mmap.ACCESS_READ, offset=start)
                 raw = np.frombuffer(mm, dtype=np.uint8, count=info.nbytes, offset=delta)
-                words = raw.view(dt).reshape(info.shape)
+                words = raw.view(dt).reshape(info.shape) if info.convertible else raw
         except OSError as exc:
             raise SourceError(
                 f"cannot read: {exc.strerror or exc}", path=str(fpath), tensor=name
@@ -261,7 +332,10 @@ def open_source(
             return _open_file(p)
         raise SourceError("neither a file nor a directory", path=str(p))
     if looks_like_repo_id(text):
-        return _open_dir(resolve_cached_repo(text, cache_dir=cache_dir), shown=text)
+        snapshot = resolve_cached_repo(text, cache_dir=cache_dir)
+        # A snapshot's files are symlinks to ../../blobs/: the repo's cache folder bounds them.
+        bound = snapshot.parent.parent if snapshot.parent.name == "snapshots" else snapshot
+        return _open_dir(snapshot, shown=text, bound=bound)
     raise SourceError(
         "no such file or directory",
         path=str(p),
@@ -276,55 +350,200 @@ def _info(header: SafetensorsHeader, file: str) -> dict[str, SourceTensorInfo]:
     }
 
 
+def _check_twins(tensors: Mapping[str, SourceTensorInfo], where: str) -> None:
+    """Refuse distinct tensor names that are equal after NFKC normalisation."""
+    seen: dict[str, str] = {}
+    twins: list[str] = []
+    for name in sorted(tensors):
+        key = unicodedata.normalize("NFKC", name)
+        other = seen.setdefault(key, name)
+        if other != name:
+            twins.append(f"{other!r} ({tensors[other].file}) and {name!r} ({tensors[name].file})")
+    if twins:
+        raise SourceError(
+            f"{len(twins)} pair(s) of tensor names differ only in Unicode normalisation "
+            "(equal after NFKC): " + "; ".join(twins[:20]) + (" ..." if len(twins) > 20 else ""),
+            path=where,
+            hint="rename one of each pair in the checkpoint; tools that normalise names would "
+            "merge them",
+        )
+
+
 def _open_file(p: Path) -> SourceCheckpoint:
     header = parse_header(p)
+    tensors = _info(header, p.name)
+    _check_twins(tensors, str(p))
     return SourceCheckpoint(
         path=p,
         kind="safetensors-file",
         config=None,
-        tensors=_info(header, p.name),
+        tensors=tensors,
         files=((p.name, header.file_size),),
         side_files=(),
         root=p.parent,
     )
 
 
-def _read_json(p: Path) -> object:
+def _open_regular(p: Path, limit: int | None) -> tuple[int, int]:
+    """Open ``p`` for reading without ever blocking; return ``(fd, size)`` of a regular file.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once; ``fstat`` on the descriptor then tells
+    what was really opened (no race between a check and the open)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"cannot read: {exc}", path=str(p)) from exc
+        fd = os.open(p, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SourceError(f"cannot open: {exc.strerror or exc}", path=str(p)) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(
+                "is not a regular file (a FIFO, device or socket)",
+                path=str(p),
+                hint="replace it with a regular file or remove it",
+            )
+        if limit is not None and st.st_size > limit:
+            raise SourceError(f"is {st.st_size} bytes, over the cap of {limit} bytes", path=str(p))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _read_json(p: Path) -> object:
+    fd, size = _open_regular(p, MAX_JSON_FILE_BYTES)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            raw = f.read(size + 1)
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror or exc}", path=str(p)) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(raw) != size:
+        raise SourceError(
+            f"changed while read ({len(raw)} bytes read, {size} expected)", path=str(p)
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(
+            f"is not valid UTF-8 ({exc.reason} at byte {exc.start})", path=str(p)
+        ) from exc
     try:
         return loads_strict_json(text)
     except ValueError as exc:
         raise SourceError(f"not valid JSON: {exc}", path=str(p)) from exc
 
 
-def _side_files(root: Path) -> tuple[Path, ...]:
-    out = []
-    for entry in sorted(root.iterdir(), key=lambda q: q.name):
-        name = entry.name
-        if name.startswith(".") or not entry.is_file():
-            continue
-        if name == INDEX_NAME or name.endswith(_OTHER_WEIGHT_SUFFIXES):
-            continue
-        if _OTHER_WEIGHT_INDEX.fullmatch(name):
-            continue
-        out.append(entry)
-    return tuple(out)
+def _left_out(name: str) -> bool:
+    folded = name.casefold()
+    return any(fnmatch.fnmatchcase(folded, pattern) for pattern, _why in SIDE_FILE_LEFT_OUT)
 
 
-def _open_dir(root: Path, *, shown: str | None = None) -> SourceCheckpoint:
+def scan_side_files(root: Path, *, bound: Path | None = None) -> tuple[SideFileSource, ...]:
+    """The side files of the model directory ``root``, sorted by relative name.
+
+    Walks ``root`` and its subfolders (at most ``MAX_SIDE_FILE_DEPTH`` path components),
+    leaves out what :data:`SIDE_FILE_LEFT_OUT` names, and refuses, in one SourceError listing
+    them all: FIFOs, devices and sockets; symlinks that resolve outside ``bound`` (default:
+    ``root``), dangling ones and symlinked folders; names that are not UTF-8 or that the
+    container cannot store; names that collide case-insensitively or after Unicode NFC
+    normalisation; more than :data:`MAX_SIDE_FILES` files.  Nothing is opened (no FIFO can
+    block the scan); the copy itself re-checks each file's type on the opened descriptor."""
+    fence = os.path.realpath(bound if bound is not None else root)
+    found: list[SideFileSource] = []
+    problems: list[str] = []
+    stack: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        folder, parts = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(f"{'/'.join(parts) or '.'}/: cannot list: {exc.strerror or exc}")
+            continue
+        for entry in entries:
+            name = entry.name
+            if _left_out(name):
+                continue
+            rel_parts = (*parts, name)
+            rel = "/".join(rel_parts)
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                problems.append(f"{rel!r}: the name is not valid UTF-8")
+                continue
+            try:
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if os.path.commonpath([fence, target]) != fence:
+                        problems.append(f"{rel}: a symlink to {target}, outside the source")
+                        continue
+                st = os.stat(entry.path)  # follows a symlink; never opens, never blocks
+            except (OSError, ValueError) as exc:
+                problems.append(f"{rel}: cannot stat: {getattr(exc, 'strerror', None) or exc}")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if entry.is_symlink():
+                    problems.append(f"{rel}/: a symlinked folder (copy it in instead)")
+                elif len(rel_parts) >= MAX_SIDE_FILE_DEPTH:
+                    problems.append(f"{rel}/: nested deeper than {MAX_SIDE_FILE_DEPTH} levels")
+                else:
+                    stack.append((Path(entry.path), rel_parts))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"{rel}: not a regular file (a FIFO, device or socket)")
+                continue
+            try:
+                check_side_file_name(rel, "side file")
+            except SchemaError as exc:
+                problems.append(f"{rel!r}: {exc.message}")
+                continue
+            found.append(SideFileSource(rel, Path(entry.path), st.st_size))
+    found.sort(key=lambda f: f.name)
+    if len(found) > MAX_SIDE_FILES:
+        problems.append(f"{len(found)} side files, more than the cap of {MAX_SIDE_FILES}")
+    owners: dict[str, str] = {}
+    for f in found:
+        names = f.name.split("/")
+        # A file and a folder collide too: "A" (file) against "a/b.json".
+        for i in range(1, len(names) + 1):
+            rel = "/".join(names[:i])
+            key = side_file_key(rel)
+            other = owners.setdefault(key, rel)
+            if other != rel:
+                problems.append(
+                    f"{other!r} and {rel!r} are the same name on a case-insensitive or "
+                    "normalising file system"
+                )
+    if problems:
+        unique = sorted(set(problems))
+        raise SourceError(
+            f"{len(unique)} side file problem{'s' if len(unique) != 1 else ''} "
+            "(non-weight files copied to the output):\n  "
+            + "\n  ".join(unique[:50])
+            + (f"\n  ... and {len(unique) - 50} more" if len(unique) > 50 else ""),
+            path=str(root),
+            hint="remove or rename these files, or replace links with copies "
+            "(docs/cli.md, 'Side files')",
+        )
+    return tuple(found)
+
+
+def _open_dir(
+    root: Path, *, shown: str | None = None, bound: Path | None = None
+) -> SourceCheckpoint:
     where = shown or str(root)
     config: dict[str, object] | None = None
     cfg_path = root / "config.json"
-    if cfg_path.is_file():
+    if cfg_path.exists():
         cfg = _read_json(cfg_path)
         if not isinstance(cfg, dict):
             raise SourceError("config.json is not a JSON object", path=str(cfg_path))
         config = cfg
     index_path = root / INDEX_NAME
-    if index_path.is_file():
+    if index_path.exists():
         tensors, files = _check_index(root, index_path)
     elif (root / SINGLE_NAME).is_file():
         header = parse_header(root / SINGLE_NAME)
@@ -339,13 +558,14 @@ def _open_dir(root: Path, *, shown: str | None = None) -> SourceCheckpoint:
             if found
             else "this is not a Hugging Face safetensors model directory",
         )
+    _check_twins(tensors, where)
     return SourceCheckpoint(
         path=root if shown is None else Path(shown),
         kind="hf-dir",
         config=config,
         tensors=tensors,
         files=files,
-        side_files=_side_files(root),
+        side_files=scan_side_files(root, bound=bound),
         root=root,
     )
 

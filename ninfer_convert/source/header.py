@@ -1,28 +1,39 @@
 """Strict parsing of one safetensors file header, before any tensor byte is touched.
 
 Contract (mirrors the checks of huggingface/safetensors ``tensor.rs``; every failure is a
-:class:`~ninfer_convert.errors.SourceError` naming the file and, where known, the tensor):
+:class:`~ninfer_convert.errors.SourceError` naming the file and, where known, the tensor; the
+rules are listed for users in docs/cli.md, "Source checkpoints"):
 
 * the file holds at least the 8-byte little-endian header length ``n``; ``n`` is at most
   :data:`MAX_HEADER_BYTES` and ``8 + n`` lies inside the file;
-* the header is strict UTF-8 JSON whose first byte is ``{`` (trailing spaces, the writer's
-  padding, are allowed); duplicate keys and the non-JSON constants NaN/Infinity are refused;
+* the header is strict UTF-8 JSON whose first non-whitespace byte is ``{`` (JSON whitespace
+  before it, as safetensors' ``test_whitespace_leading_padded_header`` accepts, and trailing
+  spaces, the writer's padding, are allowed); duplicate keys, the non-JSON constants
+  NaN/Infinity, nesting deeper than :data:`~ninfer_convert.jsonlimits.MAX_JSON_DEPTH` and
+  ``\\u`` escapes that leave a lone UTF-16 surrogate (safetensors refuses them as invalid
+  JSON) are refused;
 * ``__metadata__``, when present, maps strings to strings;
-* every other key is a tensor with exactly the keys ``dtype``, ``shape`` and ``data_offsets``;
-  ``dtype`` is one of :data:`DTYPES`; ``shape`` is a list of non-negative integers;
-  ``data_offsets`` is ``[begin, end]`` with ``0 <= begin <= end``;
-* ``end - begin == numel * itemsize``, computed with Python ints (never a wrapping numpy
-  product);
+* every other key is a tensor name that the container can store (1..4096 characters, no
+  control character: :func:`~ninfer_convert.container.checks.check_tensor_name`), with exactly
+  the keys ``dtype``, ``shape`` and ``data_offsets``;
+* ``dtype`` is one of :data:`DTYPES` (read and converted) or :data:`OPAQUE_DTYPES` (valid
+  safetensors types the converter cannot convert: their bytes are checked and digested, so a
+  ``skip`` rule can name them, but no rule can convert them);
+* ``shape`` is a list of at most :data:`MAX_NDIM` non-negative integers, and the product of
+  its non-zero dimensions times the item size is at most :data:`MAX_TENSOR_BYTES` (so a
+  shape such as ``[0, 10**30]`` is refused although it holds no element);
+* ``data_offsets`` is ``[begin, end]`` with ``0 <= begin <= end``;
+* ``end - begin`` is ``numel * bits / 8`` bytes, computed with Python ints (never a wrapping
+  numpy product); for the sub-byte types (F4, F6_*) ``numel * bits`` must be a multiple of 8;
 * sorted by offset, the tensors tile the data region exactly: the first starts at 0, each starts
   where the previous ended (no gaps, no overlaps) and the last ends at the end of the file.
-
-Sub-byte dtypes (F4, F6_*) are refused as unsupported rather than misread.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +41,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ..container.checks import check_tensor_name
+from ..container.schema import SchemaError
 from ..errors import SourceError
+from ..jsonlimits import MAX_JSON_DEPTH, nesting_problem
 
 __all__ = [
     "DTYPES",
     "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "MAX_TENSOR_BYTES",
+    "OPAQUE_DTYPES",
     "DTypeInfo",
     "SafetensorsHeader",
     "TensorEntry",
@@ -44,6 +61,12 @@ __all__ = [
 
 MAX_HEADER_BYTES = 100_000_000
 """Header size cap; the same value as safetensors' ``MAX_HEADER_SIZE``."""
+
+MAX_NDIM = 64
+"""Most dimensions a tensor may have (numpy's limit, so every accepted shape can be viewed)."""
+
+MAX_TENSOR_BYTES = 2**63 - 1
+"""Cap on (product of the non-zero dimensions) * item size: the largest numpy array extent."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +109,26 @@ DTYPES: Mapping[str, DTypeInfo] = MappingProxyType(
         )
     }
 )
-"""Every safetensors dtype this reader accepts, by its safetensors spelling."""
+"""Every safetensors dtype this reader reads as words, by its safetensors spelling."""
 
-_UNSUPPORTED = {"F4", "F6_E2M3", "F6_E3M2", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
+OPAQUE_DTYPES: Mapping[str, int] = MappingProxyType(
+    {
+        "F4": 4,
+        "F6_E2M3": 6,
+        "F6_E3M2": 6,
+        "F8_E4M3FNUZ": 8,
+        "F8_E5M2FNUZ": 8,
+        "C64": 64,
+    }
+)
+"""The other safetensors dtypes, with their width in bits: validated and digested (raw
+bytes), never converted.  With :data:`DTYPES` this is safetensors' whole ``Dtype`` enum."""
+
+
+def dtype_bits(dtype: str) -> int:
+    """Width in bits of one element of a dtype from :data:`DTYPES` or :data:`OPAQUE_DTYPES`."""
+    info = DTYPES.get(dtype)
+    return info.itemsize * 8 if info is not None else OPAQUE_DTYPES[dtype]
 
 
 @dataclass(frozen=True)
@@ -128,13 +168,37 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# A \u escape of a UTF-16 surrogate (the only way a lone surrogate enters decoded UTF-8 text).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def loads_strict_json(text: str) -> Any:
-    """``json.loads`` that refuses duplicate keys and NaN/Infinity (raises ValueError)."""
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    """``json.loads`` that refuses duplicate keys, NaN/Infinity, nesting deeper than
+    :data:`~ninfer_convert.jsonlimits.MAX_JSON_DEPTH` and lone surrogates (raises ValueError).
+
+    The nesting bound runs first, so ``json.loads`` never recurses past it.  ``json.loads``
+    pairs surrogate escapes itself; one left unpaired is a string no UTF-8 encoder can write,
+    so it is refused here, as safetensors refuses it."""
+    deep = nesting_problem(text)
+    if deep is not None:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels at character {deep}")
+    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise ValueError(
+                f"a \\u escape leaves the lone UTF-16 surrogate {bad!r} (not a character)"
+            ) from None
+    return value
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_JSON_WHITESPACE = " \t\n\r"
 
 
 def parse_header(path: str | Path) -> SafetensorsHeader:
@@ -172,7 +236,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
         raise SourceError(
             f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})", path=where
         ) from exc
-    if not text.startswith("{"):
+    if not text.lstrip(_JSON_WHITESPACE).startswith("{"):
         raise SourceError(
             "header does not start with '{'", path=where, hint="not a safetensors file"
         )
@@ -225,7 +289,22 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     )
 
 
+def _check_name(name: str, where: str) -> None:
+    try:
+        check_tensor_name(name, "tensor name")
+    except SchemaError as exc:
+        shown = name if len(name) <= 80 else name[:60] + f"... ({len(name)} characters)"
+        raise SourceError(
+            exc.message,
+            path=where,
+            tensor=shown,
+            hint="the output container cannot store this name; rename the tensor in the "
+            "checkpoint (a recipe rule cannot claim it)",
+        ) from None
+
+
 def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
+    _check_name(name, where)
     if not isinstance(spec, dict):
         raise SourceError("header entry is not an object", path=where, tensor=name)
     keys = set(spec)
@@ -238,18 +317,35 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
             tensor=name,
         )
     dtype = spec["dtype"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        why = "is not supported" if dtype in _UNSUPPORTED else "is not a safetensors dtype"
+    if not isinstance(dtype, str) or (dtype not in DTYPES and dtype not in OPAQUE_DTYPES):
         raise SourceError(
-            f"dtype {dtype!r} {why}",
+            f"dtype {dtype!r} is not a safetensors dtype",
             path=where,
             tensor=name,
-            hint="supported: " + ", ".join(DTYPES),
+            hint="known: " + ", ".join([*DTYPES, *OPAQUE_DTYPES]),
         )
     shape = spec["shape"]
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise SourceError(
             f"shape {shape!r} is not a list of non-negative integers", path=where, tensor=name
+        )
+    if len(shape) > MAX_NDIM:
+        raise SourceError(
+            f"shape has {len(shape)} dimensions; at most {MAX_NDIM} are supported",
+            path=where,
+            tensor=name,
+        )
+    bits = dtype_bits(dtype)
+    extent = 1
+    for d in shape:
+        extent *= d or 1  # Python ints: no silent wrap-around
+    if extent * ((bits + 7) // 8) > MAX_TENSOR_BYTES:
+        raise SourceError(
+            f"shape {shape} of {dtype} spans more than {MAX_TENSOR_BYTES} bytes "
+            "(product of the non-zero dimensions times the item size)",
+            path=where,
+            tensor=name,
+            hint="no real tensor has this shape; the header is corrupt or hostile",
         )
     offsets = spec["data_offsets"]
     if (
@@ -265,8 +361,15 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
         )
     numel = 1
     for d in shape:
-        numel *= d  # Python ints: no silent wrap-around
-    expected = numel * DTYPES[dtype].itemsize
+        numel *= d
+    if numel * bits % 8:
+        raise SourceError(
+            f"shape {shape} of {dtype} ({bits}-bit elements) does not fill whole bytes "
+            f"({numel} elements * {bits} bits is not a multiple of 8)",
+            path=where,
+            tensor=name,
+        )
+    expected = numel * bits // 8
     begin, end = offsets
     if end - begin != expected:
         raise SourceError(
