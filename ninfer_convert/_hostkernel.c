@@ -16,6 +16,19 @@
  * integral rounding uses the 1.5 * 2^23 trick, exact for |q| < 2^22 (q is already clamped).
  * The GIL is released for the whole block, so two threads encode two blocks at once.
  *
+ * The build refuses (#error, so the optional extension is skipped and the numpy path runs) a
+ * compiler that would break that arithmetic: -ffast-math or its parts that GCC announces
+ * (__FAST_MATH__, __FINITE_MATH_ONLY__, __RECIPROCAL_MATH__ -- which would turn `amax / qmax`
+ * into a multiplication --, __ASSOCIATIVE_MATH__, __NO_SIGNED_ZEROS__), or excess precision
+ * (FLT_EVAL_METHOD != 0, e.g. x87 -mfpmath=387).
+ *
+ * Arguments are checked before anything is read: 1 <= group, 0 <= n, 1 <= k, source 0 or 1,
+ * -128 <= qmin < 0 < qmax <= 127 (codes are int8, and the clamp bounds must be exact floats),
+ * and every buffer size is computed with overflow-checked multiplication (no signed
+ * overflow).  The input may sit at any address (a BF16 tensor at an odd offset of a memory
+ * mapped file): an input not aligned to its word size is copied to an aligned scratch block
+ * first, so every typed access below is aligned; the outputs must be aligned (ValueError).
+ *
  * With a `stats` buffer (three float64, or None) the same pass also returns verify's error
  * statistics of the block: (max |e|, sum e^2, sum x^2) with e = x - s32 * q, the exact
  * reconstruction error of every value (s32 * q is exact: an 8-bit integer times an 11-bit
@@ -29,8 +42,17 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) ||   \
+    defined(__RECIPROCAL_MATH__) || defined(__ASSOCIATIVE_MATH__) || defined(__NO_SIGNED_ZEROS__)
+#error "_hostkernel needs IEEE arithmetic: build without -ffast-math or its parts"
+#endif
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "_hostkernel needs FLT_EVAL_METHOD == 0 (binary32 evaluated as binary32, no x87)"
+#endif
 
 static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -289,6 +311,14 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
     return kind;
 }
 
+/* a * b into *out when it fits a non-negative Py_ssize_t (both non-negative), else 0. */
+static int mul_size(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out) {
+    if (a < 0 || b < 0) return 0;
+    if (b != 0 && a > PY_SSIZE_T_MAX / b) return 0;
+    *out = a * b;
+    return 1;
+}
+
 static PyObject *encode_rows(PyObject *self, PyObject *args) {
     Py_buffer words, codes, scales, stats = {0};
     PyObject *stats_obj = Py_None;
@@ -304,32 +334,63 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         return NULL;
     }
-    Py_ssize_t groups = group > 0 ? (k + group - 1) / group : 0;
-    size_t wsize = source == 0 ? 2 : 4;
-    if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1) ||
-        words.len < (Py_ssize_t)(n * k * (Py_ssize_t)wsize) || codes.len < n * k ||
-        scales.len < n * groups * 2 ||
-        (have_stats && (stats.len < 3 * (Py_ssize_t)sizeof(double) ||
-                        stats.itemsize != (Py_ssize_t)sizeof(double) || stats.format == NULL ||
-                        strcmp(stats.format, "d") != 0))) {
+    const char *why = NULL;
+    const Py_ssize_t wsize = source == 0 ? 2 : 4;
+    Py_ssize_t groups = 0, cells = 0, wbytes = 0, sbytes = 0, scratch = 0;
+    if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1))
+        why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16) or 1 (binary32)";
+    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
+        why = "encode_rows: need -128 <= qmin < 0 < qmax <= 127";
+    else {
+        groups = k / group + (k % group != 0); /* no k + group - 1: it could overflow */
+        if (!mul_size(n, k, &cells) || !mul_size(cells, wsize, &wbytes) ||
+            !mul_size(n, groups, &sbytes) || !mul_size(sbytes, 2, &sbytes) ||
+            k > PY_SSIZE_T_MAX - groups || !mul_size(k + groups, (Py_ssize_t)sizeof(float),
+                                                     &scratch))
+            why = "encode_rows: n, k and group give a buffer size that overflows";
+        else if (words.len < wbytes || codes.len < cells || scales.len < sbytes ||
+                 (have_stats && (stats.len < 3 * (Py_ssize_t)sizeof(double) ||
+                                 stats.itemsize != (Py_ssize_t)sizeof(double) ||
+                                 stats.format == NULL || strcmp(stats.format, "d") != 0)))
+            why = "encode_rows: inconsistent buffer sizes (stats: three float64)";
+        else if ((uintptr_t)scales.buf % sizeof(uint16_t) != 0 ||
+                 (have_stats && (uintptr_t)stats.buf % sizeof(double) != 0))
+            why = "encode_rows: the scales and stats buffers must be aligned to their words";
+    }
+    if (why != NULL) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         if (have_stats) PyBuffer_Release(&stats);
-        PyErr_SetString(PyExc_ValueError,
-                        "encode_rows: inconsistent buffer sizes (stats: three float64)");
+        PyErr_SetString(PyExc_ValueError, why);
         return NULL;
     }
     double *st = have_stats ? (double *)stats.buf : NULL;
+    /* An input at an address that is not a multiple of its word size: copy it once to an
+     * aligned block (PyMem_Malloc returns memory aligned for any type), so that every typed
+     * load below is a defined, aligned access. */
+    void *aligned = NULL;
+    const void *wbuf = words.buf;
+    if ((uintptr_t)words.buf % (uintptr_t)wsize != 0) {
+        aligned = PyMem_Malloc(wbytes > 0 ? (size_t)wbytes : 1);
+        if (aligned == NULL) {
+            PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
+            if (have_stats) PyBuffer_Release(&stats);
+            return PyErr_NoMemory();
+        }
+        memcpy(aligned, words.buf, (size_t)wbytes);
+        wbuf = aligned;
+    }
     /* One row's rounded codes and group scales as binary32, for the statistics (allocated
      * while holding the GIL, as PyMem_Malloc requires). */
-    float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)(k + groups) * sizeof(float)) : NULL;
+    float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)scratch) : NULL;
     float *sf = qf != NULL ? qf + k : NULL;
     if (st != NULL && qf == NULL) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         PyBuffer_Release(&stats);
+        PyMem_Free(aligned);
         return PyErr_NoMemory();
     }
-    const uint16_t *w16 = (const uint16_t *)words.buf;
-    const uint32_t *w32 = (const uint32_t *)words.buf;
+    const uint16_t *w16 = (const uint16_t *)wbuf;
+    const uint32_t *w32 = (const uint32_t *)wbuf;
     int8_t *out = (int8_t *)codes.buf;
     uint16_t *sc = (uint16_t *)scales.buf;
     const float lo = (float)qmin, hi = (float)qmax, qmaxf = (float)qmax;
@@ -345,6 +406,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
     if (have_stats) PyBuffer_Release(&stats);
     PyMem_Free(qf);
+    PyMem_Free(aligned);
     if (kind == 1) return refusal_nonfinite(bad_row, bad_col);
     if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
     Py_RETURN_NONE;

@@ -538,3 +538,32 @@ def test_writer_error_is_typed(tmp_path: Path) -> None:
         with pytest.raises(NinferError):
             w.add_file(tmp_path / "missing", "x.json")
         w.abort()
+
+
+@pytest.mark.parametrize(
+    ("output", "needle"),
+    [
+        ('"x\\t{A}"', "control character"),
+        ('"' + "z" * 4096 + '{A}"', "1..4096 characters"),
+    ],
+)
+def test_derived_output_names_the_container_cannot_store_are_plan_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str, needle: str
+) -> None:
+    src = model_dir(tmp_path / "m")
+    body = f"- derive: {output}\n  inputs: ['{{A}}']\n  format: FP32\n  role: norm\n"
+    for extra in ([], ["--dry-run"]):
+        out = tmp_path / "out"
+        code = main(["convert", str(src), "--recipe", str(fp32_recipe(tmp_path, body)),
+                     "--output", str(out), *extra])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 3, err
+        assert needle in err and "Traceback" not in err and not out.exists()
+
+
+def test_derived_output_name_with_a_lone_surrogate_is_a_plan_error(tmp_path: Path) -> None:
+    src = model_dir(tmp_path / "m")
+    body = "- derive: \"x\\ud800{A}\"\n  inputs: ['{A}']\n  format: FP32\n  role: norm\n"
+    with pytest.raises(RecipeProblems) as info:
+        convert_checkpoint(src, fp32_recipe(tmp_path, body), tmp_path / "o", device="cpu")
+    assert "output 'x\\ud800w' holds a lone UTF-16 surrogate" in info.value.problems[0].message

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..container.checks import check_tensor_name
+from ..container.schema import SchemaError
 from ..errors import NinferError
 from ..formats import FORMATS, Category, NumericFormat
 from ..source import SourceCheckpoint, SourceTensorInfo
@@ -621,6 +623,10 @@ class _Planner:
                 )
                 continue
             owner[cand.output] = cand.rule
+            bad_name = _output_name_problem(cand.output)
+            if bad_name is not None:
+                self.err(cand.rule, bad_name)
+                continue
             fmt = FORMATS.get(cand.rule.format or "")
             if fmt is None:
                 continue  # an unknown format was reported at load time
@@ -839,6 +845,18 @@ class _Planner:
 def identity_problems(recipe: Recipe, source: SourceCheckpoint) -> list[Problem]:
     """The source-identity problems of ``recipe`` against ``source`` (empty: it matches)."""
     return _Planner(recipe, source).identity()
+
+
+def _output_name_problem(name: str) -> str | None:
+    """Why the container could not store an output name (a derive template can make any)."""
+    try:
+        check_tensor_name(name, "output")
+        name.encode("utf-8")
+    except SchemaError as exc:
+        return f"output {name!a}: {exc.message}"
+    except UnicodeEncodeError:
+        return f"output {name!a} holds a lone UTF-16 surrogate, which is not a character"
+    return None
 
 
 def build_plan(
