@@ -14,6 +14,8 @@ from parity import assert_same_encoding
 
 from ninfer_convert import dequantize_grouped, encode_grouped, encode_grouped_words
 from ninfer_convert.encoder.corpus import RECIP_VS_DIV_CASES, boundary_corpus, failing_corpus
+from ninfer_convert.encoder.host import encode_rows as host_encode_rows
+from ninfer_convert.encoder.host import native_available
 from ninfer_convert.encoder.oracle import (
     BINARY16,
     BINARY32,
@@ -142,6 +144,31 @@ def test_partial_last_group_uses_only_its_logical_values(fmt: str) -> None:
     assert np.array_equal(whole.codes[:, 2 * g :], tail.codes)
     for backend in ("oracle", "torch"):
         assert_same_encoding(whole, encode_grouped(full, fmt, backend=backend), g, backend)
+
+
+@pytest.mark.parametrize("fmt", GROUPED)
+def test_subnormal_scales_force_the_clamp_on_every_backend(fmt: str) -> None:
+    # A scale that rounds down to 2^-24 makes x * inv leave [qmin, qmax]: only the clamp
+    # brings it back.  W8's -2^-17 gives exactly -128 without the clamp (the issue's case).
+    entry = FORMATS[fmt]
+    assert entry.qmin is not None and entry.qmax is not None
+    cases = dict(boundary_corpus(entry))
+    words = cases["subnormal-scale-clamp"]
+    rows = 3 if fmt == "W8G32_F16S" else 2  # -2^-17 clamps only for W8's qmin of -127
+    want_first = [entry.qmin, entry.qmax, -127][:rows]
+    backends = ["oracle", "numpy", "torch"] + (["native"] if native_available() else [])
+    for backend in backends:
+        if backend == "native":
+            g = entry.group_size
+            assert g is not None
+            codes = np.empty(words.shape, np.int8)
+            scales = np.empty((words.shape[0], -(-words.shape[1] // g)), np.uint16)
+            host_encode_rows(words, "F32", entry, 0, codes, scales, None, "native")
+        else:
+            enc = encode_grouped_words(words, "F32", fmt, backend=backend)
+            codes, scales = enc.codes, enc.scales
+        assert scales[:rows, 0].tolist() == [0x0001] * rows, backend  # 2^-24
+        assert codes[:rows, 0].astype(int).tolist() == want_first, backend
 
 
 def test_w8_never_emits_minus_128_and_qmax_is_the_denominator() -> None:

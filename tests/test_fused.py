@@ -13,12 +13,18 @@ from ninfer_convert.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.layouts import lookup_layout
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
+# Both paths of every block: the C encoder and packer, and the numpy fallback that runs where
+# they were not built (and must compare and write the same bytes).
+KERNELS = ["native", "numpy"]
 
 
 @pytest.mark.parametrize("fmt", GROUPED)
 @pytest.mark.parametrize(("n", "k"), [(1, 16), (7, 200), (130, 384), (33, 1000)])
 @pytest.mark.parametrize("source", ["BF16", "F16", "F32"])
-def test_fused_planes_equal_encode_then_pack(fmt: str, n: int, k: int, source: str) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_planes_equal_encode_then_pack(
+    fmt: str, n: int, k: int, source: str, kernel: str
+) -> None:
     rng = np.random.default_rng(n * k)
     x = rng.standard_normal((n, k)).astype(np.float32)
     if source == "BF16":
@@ -30,7 +36,7 @@ def test_fused_planes_equal_encode_then_pack(fmt: str, n: int, k: int, source: s
     layout = lookup_layout(FORMATS[fmt].layout)
     want = layout.pack(fmt, encode_grouped_words(words, source, fmt))
     # Tiny chunks force many blocks, uneven last block and both threads.
-    got = encode_pack_grouped(words, source, fmt, threads=2, chunk_elements=3 * k)
+    got = encode_pack_grouped(words, source, fmt, threads=2, chunk_elements=3 * k, kernel=kernel)
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.tobytes() == np.asarray(b).tobytes(), f"plane {i}"
@@ -45,7 +51,10 @@ def test_fused_path_reports_the_global_row_of_a_non_finite_value() -> None:
 
 @pytest.mark.parametrize("fmt", GROUPED)
 @pytest.mark.parametrize(("n", "k"), [(7, 200), (40, 384)])
-def test_block_comparison_agrees_with_comparing_whole_planes(fmt: str, n: int, k: int) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_block_comparison_agrees_with_comparing_whole_planes(
+    fmt: str, n: int, k: int, kernel: str
+) -> None:
     rng = np.random.default_rng(n + k)
     words = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     planes = encode_pack_grouped(words, "BF16", fmt)
@@ -56,7 +65,7 @@ def test_block_comparison_agrees_with_comparing_whole_planes(fmt: str, n: int, k
         digests = [xxhash.xxh3_128() for _ in stored]
         same = equals_packed_grouped(
             words, "BF16", fmt, stored, threads=2, chunk_elements=3 * k,
-            on_block=lambda r0, r1, *_: seen.append(r0), digests=digests,
+            on_block=lambda r0, r1, *_: seen.append(r0), digests=digests, kernel=kernel,
         )  # fmt: skip
         # The digests saw every stored byte, in order, whatever the outcome.
         assert [d.hexdigest() for d in digests] == [

@@ -472,6 +472,39 @@ def test_row_split_padding_detected(fmt: str) -> None:
     assert len(problems) == 1 and "plane 'scales' row 2" in problems[0]
 
 
+PLANE_WIDTHS = {
+    "Q4G64_F16S": [4],
+    "Q5G64_F16S": [4, 1],
+    "Q6G64_F16S": [4, 2],
+    "W8G32_F16S": [8],
+}
+
+
+@pytest.mark.parametrize("fmt", GROUPED)
+@pytest.mark.parametrize("k", [69, 131, 1])  # odd, so the last logical byte is shared
+def test_row_split_partially_padded_byte_checks_exactly_its_padding_bits(fmt: str, k: int) -> None:
+    shape = (3, k)
+    names = [p.name for p in ROW_SPLIT.planes(fmt, shape)][:-1]
+    strides = ROW_SPLIT.row_strides(fmt, shape)  # type: ignore[attr-defined]
+    for plane, (name, width) in enumerate(zip(names, PLANE_WIDTHS[fmt], strict=True)):
+        per = 8 // width
+        byte, used = k // per, k % per  # the byte holding position K, and its logical fields
+        field = (1 << width) - 1
+        pad_bits = sum(field << (i * width) for i in range(used, per))
+        logical_bits = sum(field << (i * width) for i in range(used))
+        # Every padding bit of that byte set: reported, and exactly those bits.
+        planes = [p.copy() for p in ROW_SPLIT.pack(fmt, make_logical(fmt, shape))]
+        planes[plane][strides[plane] + byte] |= np.uint8(pad_bits)
+        assert ROW_SPLIT.padding_problems(fmt, shape, planes) == [
+            f"plane {name!r} row 1 byte {byte}: padding bits are 0x{pad_bits:02x}, expected zero"
+        ], (name, k)
+        # Its logical bits, whatever they hold, are not padding.
+        if logical_bits:
+            planes = [p.copy() for p in ROW_SPLIT.pack(fmt, make_logical(fmt, shape))]
+            planes[plane][strides[plane] + byte] ^= np.uint8(logical_bits)
+            assert ROW_SPLIT.padding_problems(fmt, shape, planes) == [], (name, k)
+
+
 def test_row_split_high_plane_padding_detected() -> None:
     fmt, shape = "Q6G64_F16S", (2, 65)
     planes = [p.copy() for p in ROW_SPLIT.pack(fmt, make_logical(fmt, shape))]

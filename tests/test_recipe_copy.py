@@ -168,12 +168,20 @@ def test_compressed_tensors_nvfp4_copy(ct_nvfp4: Path) -> None:
         packed = src.read(x + ".weight_packed").words
         n, half = packed.shape
         assert entry.shape == (n, 2 * half) and value.codes.shape == (n, 2 * half)
-        # codes: the library's own unpacker gives the same E2M1 values, element for element
+        # codes, compared as words: the low nibble of each packed byte comes first, so
+        # 0x8 (-0.0) and 0x0 (+0.0) stay different codes
+        assert value.codes.dtype == np.uint8
+        assert value.codes[:, 0::2].tobytes() == (np.asarray(packed) & 0x0F).tobytes()
+        assert value.codes[:, 1::2].tobytes() == (np.asarray(packed) >> 4).tobytes()
+        # the library's own unpacker gives the same E2M1 values, compared on their binary32
+        # words (float equality would call -0.0 and +0.0 equal)
         theirs = unpack_fp4_from_uint8(
             torch.from_numpy(np.array(packed)), n, 2 * half, dtype=torch.float32
         ).numpy()
-        assert np.array_equal(e2m1_to_f32(value.codes), theirs)
-        assert int(value.codes.max()) <= 15
+        assert e2m1_to_f32(value.codes).view(np.uint32).tobytes() == theirs.view(
+            np.uint32
+        ).tobytes()
+        assert (value.codes == 0x8).any() and (value.codes == 0x0).any()  # both zeros occur
         # block scales and divisor: the source words, untouched
         assert np.array_equal(value.scales, src.read(x + ".weight_scale").words)
         gs = src.read(x + ".weight_global_scale").words

@@ -220,10 +220,36 @@ def test_shadowed_and_empty_rules(tmp_path: Path) -> None:
 def test_unclaimed_tensors_listed(tmp_path: Path) -> None:
     src = tiny(tmp_path / "m")
     found = plan_problems("- match: lm_head.weight\n  format: BF16\n  role: head\n", src)
-    assert len(found) == 1 and found[0][0] is None
-    assert found[0][1].startswith(
-        "6 source tensors are claimed by no rule or skip: model.embed_tokens.weight, "
-    )
+    # The whole message: every unclaimed tensor, in name order, and not the claimed one.
+    assert found == [
+        (
+            None,
+            "6 source tensors are claimed by no rule or skip: model.embed_tokens.weight, "
+            "model.layers.0.input_layernorm.weight, model.layers.0.self_attn.k_proj.weight, "
+            "model.layers.0.self_attn.q_proj.weight, model.layers.0.self_attn.v_proj.weight, "
+            "model.norm.weight",
+        )
+    ]
+
+
+def test_one_unclaimed_tensor_is_named_in_the_singular(tmp_path: Path) -> None:
+    src = make_source(tmp_path / "m", {"a": torch.ones(2), "b": torch.ones(2)})
+    found = plan_problems("- match: a\n  format: FP32\n  role: r\n", src)
+    assert found == [(None, "1 source tensor is claimed by no rule or skip: b")]
+
+
+def test_many_unclaimed_tensors_show_the_first_50_and_a_count(tmp_path: Path) -> None:
+    names = [f"t{i:03d}" for i in range(57)]
+    src = make_source(tmp_path / "m", {n: torch.ones(1) for n in ["a", *names]})
+    found = plan_problems("- match: a\n  format: FP32\n  role: r\n", src)
+    assert found == [
+        (
+            None,
+            "57 source tensors are claimed by no rule or skip: "
+            + ", ".join(names[:50])
+            + " ... and 7 more",
+        )
+    ]
 
 
 def test_skips_recorded(tmp_path: Path) -> None:
@@ -341,7 +367,12 @@ def test_load_and_plan_problems_reported_together(tmp_path: Path) -> None:
     assert (
         "'model.norm.weight' is F32; storing it as BF16 needs an explicit conversion" in got[3][1]
     )
-    assert "claimed by no rule or skip" in got[4][1]
+    # A rule with an unknown format still claims its tensors: exactly q/k/v are unclaimed.
+    assert got[4][1] == (
+        "3 source tensors are claimed by no rule or skip: "
+        "model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.q_proj.weight, "
+        "model.layers.0.self_attn.v_proj.weight"
+    )
     text = str(info.value)
     assert text.startswith(f"{recipe}: 5 problems applying the recipe to ")
     assert re.search(rf"line {BASE + 8}: rule 3 \(match 'no.such.tensor'\)", text)

@@ -107,6 +107,16 @@ def boundary_corpus(fmt: NumericFormat) -> list[tuple[str, U32]]:
     cases.append(
         ("qmax-denominator-and-clamp", _rows([[-float(qmax), 1.0], [1.0, -qmax - 0.5]], g))
     )
+    # The clamp is forced only when the binary16 scale rounds *down* far: with amax =
+    # (qmax + 2) * 2^-24 the scale is 2^-24 (the smallest subnormal), so x * inv = -(qmax + 2)
+    # lies below qmin and must clamp; for W8, -2^-17 gives -128 unclamped (legal code: -127).
+    unit = float.fromhex("0x1p-24")
+    cases.append(
+        (
+            "subnormal-scale-clamp",
+            _rows([[-(qmax + 2) * unit], [(qmax + 2) * unit], [-float.fromhex("0x1p-17")]], g),
+        )
+    )
 
     # Mixed magnitudes across the binary32 range.
     mags = rng.standard_normal((8, 3 * g)).astype(np.float32)
