@@ -567,3 +567,38 @@ def test_derived_output_name_with_a_lone_surrogate_is_a_plan_error(tmp_path: Pat
     with pytest.raises(RecipeProblems) as info:
         convert_checkpoint(src, fp32_recipe(tmp_path, body), tmp_path / "o", device="cpu")
     assert "output 'x\\ud800w' holds a lone UTF-16 surrogate" in info.value.problems[0].message
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("where", ["single", "file", "shard"])
+def test_fifo_weight_file_never_blocks(tmp_path: Path, where: str) -> None:
+    root = model_dir(tmp_path / "m")
+    (root / "model.safetensors").unlink()
+    if where == "shard":
+        index = {"weight_map": {"w": "model-00001-of-00001.safetensors"}}
+        (root / "model.safetensors.index.json").write_text(json.dumps(index))
+        os.mkfifo(root / "model-00001-of-00001.safetensors")
+        with pytest.raises(SourceError, match="not a regular file"):
+            within(10, lambda: open_source(root))
+        return
+    os.mkfifo(root / "model.safetensors")
+    target = root if where == "single" else root / "model.safetensors"
+    with pytest.raises(SourceError, match="not a regular file"):
+        within(10, lambda: parse_header(root / "model.safetensors"))
+    with pytest.raises(SourceError):
+        within(10, lambda: open_source(target))
+
+
+def test_index_shard_names_the_file_system_cannot_hold_are_source_errors(tmp_path: Path) -> None:
+    root = model_dir(tmp_path / "m")
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "x" * 5000, "v": "a\nb.safetensors"}})
+    )
+    with pytest.raises(SourceError, match="2 problems") as info:
+        open_source(root)
+    assert "is not a plain file name" in str(info.value)
+
+
+def test_source_path_too_long_is_a_source_error(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="cannot look it up"):
+        open_source(tmp_path / ("y" * 5000))

@@ -319,7 +319,11 @@ def open_source(
     """
     text = os.fspath(spec)
     p = Path(text).expanduser()
-    if p.exists():
+    try:
+        found = p.exists()
+    except OSError as exc:  # a name the file system cannot hold, a permission problem
+        raise SourceError(f"cannot look it up: {exc.strerror or exc}", path=text) from exc
+    if found:
         if p.is_dir():
             return _open_dir(p)
         if p.is_file():
@@ -545,7 +549,7 @@ def _open_dir(
     index_path = root / INDEX_NAME
     if index_path.exists():
         tensors, files = _check_index(root, index_path)
-    elif (root / SINGLE_NAME).is_file():
+    elif (root / SINGLE_NAME).exists():  # parse_header refuses what is not a regular file
         header = parse_header(root / SINGLE_NAME)
         tensors = _info(header, SINGLE_NAME)
         files = ((SINGLE_NAME, header.file_size),)
@@ -584,17 +588,25 @@ def _check_index(
         if (
             not isinstance(shard, str)
             or not shard
+            or len(shard) > 255
             or shard != Path(shard).name
             or shard in (".", "..")
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in shard)
         ):
-            problems.append(f"tensor {tensor!r}: shard {shard!r} is not a plain file name")
+            shown = shard if not isinstance(shard, str) or len(shard) <= 80 else shard[:60] + "..."
+            problems.append(f"tensor {tensor!r}: shard {shown!r} is not a plain file name")
             continue
         shard_names.add(shard)
 
     headers: dict[str, SafetensorsHeader] = {}
     for shard in sorted(shard_names):
         sp = root / shard
-        if not sp.is_file():
+        try:
+            present = sp.exists()  # parse_header refuses what is not a regular file
+        except OSError as exc:  # e.g. a name the file system cannot hold
+            problems.append(f"shard file {shard!r}: {exc.strerror or exc}")
+            continue
+        if not present:
             users = sum(1 for s in weight_map.values() if s == shard)
             problems.append(
                 f"shard file {shard!r} is missing ({users} tensors in the index point to it)"

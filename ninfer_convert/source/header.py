@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,9 +206,18 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     """Read and validate the header of one ``.safetensors`` file (no tensor data is read)."""
     p = Path(path)
     where = str(p)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        with open(p, "rb") as f:
-            file_size = os.fstat(f.fileno()).st_size
+        # Non-blocking open, then fstat: a FIFO or device is refused without ever blocking.
+        with open(os.open(p, flags | getattr(os, "O_CLOEXEC", 0)), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SourceError(
+                    "is not a regular file (a FIFO, device or socket)",
+                    path=where,
+                    hint="pass a real .safetensors file",
+                )
+            file_size = st.st_size
             if file_size < 8:
                 raise SourceError(
                     f"file is {file_size} bytes, too small for a safetensors header",
