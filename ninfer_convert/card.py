@@ -24,6 +24,7 @@ from .container import ArtifactWriter
 from .errors import UsageError
 from .formats import lookup_format
 from .recipe import Plan, padding_warnings
+from .source import SideFileSource
 
 __all__ = [
     "README_NAME",
@@ -38,7 +39,9 @@ SOURCE_README_NAME = "SOURCE_README.md"
 _SHOWN_WARNINGS = 10
 
 
-def side_file_names(plan: Plan, side_files: Sequence[Path]) -> list[tuple[Path, str]]:
+def side_file_names(
+    plan: Plan, side_files: Sequence[SideFileSource]
+) -> list[tuple[SideFileSource, str]]:
     """(source file, name in the model directory) for every copied side file.
 
     With a generated card, the source's README.md (matched case-insensitively) is renamed to

@@ -12,7 +12,7 @@ from recipe_fixtures import RECIPE_HEAD
 from ninfer_convert import open_artifact
 from ninfer_convert.cli import main
 from ninfer_convert.convert import convert_checkpoint
-from ninfer_convert.errors import UsageError
+from ninfer_convert.errors import SourceError, UsageError
 from ninfer_convert.recipe import RecipeProblems, loads_recipe
 from ninfer_convert.verify import verify_artifact
 
@@ -97,7 +97,9 @@ def test_readme_false_without_a_source_card_writes_no_readme(tmp_path: Path) -> 
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("names", [("README.md", "SOURCE_README.md"), ("readme.md", "README.md")])
+@pytest.mark.parametrize(
+    "names", [("README.md", "SOURCE_README.md"), ("readme.md", "SOURCE_README.md")]
+)
 def test_a_card_name_clash_is_refused_before_writing(
     tmp_path: Path, names: tuple[str, ...]
 ) -> None:
@@ -116,6 +118,15 @@ def test_a_dry_run_refuses_a_card_name_clash_too(
     code = main(["convert", str(src), "--recipe", str(QWEN_RECIPE), "--dry-run"])
     assert code == UsageError.exit_code
     assert "SOURCE_README.md" in capsys.readouterr().err
+
+
+def test_two_source_cards_differing_in_case_are_a_source_error(tmp_path: Path) -> None:
+    # readme.md beside README.md would be one file on macOS or Windows (docs/cli.md, "Side
+    # files"): the source scan refuses them before the card is considered.
+    src = _source_with_card(tmp_path, "readme.md", "README.md")
+    with pytest.raises(SourceError, match="same name on a case-insensitive"):
+        convert_checkpoint(src, QWEN_RECIPE, tmp_path / "o", device="cpu")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_lowercase_source_card_is_kept_too(tmp_path: Path) -> None:

@@ -320,6 +320,7 @@ def test_subfolder_side_files_survive_conversion(tmp_path: Path) -> None:
         assert sorted(art.side_files) == [
             "1_Pooling/config.json",
             "2_Dense/deep/vocab.txt",
+            "README.md",  # the generated model card
             "config.json",
             "modules.json",
         ]

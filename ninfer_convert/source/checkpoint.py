@@ -159,7 +159,8 @@ class SourceTensorInfo:
 class SideFileSource:
     """One side file to copy: its relative name in the output and where it is read from.
 
-    It is path-like (``os.fspath`` gives :attr:`path`), so it can be opened directly."""
+    It is path-like (``os.fspath`` and ``str`` give :attr:`path`), so it can be opened
+    directly; :attr:`name` is the relative name, as ``Path.name`` is for a top-level file."""
 
     name: str
     """Relative path with ``/`` separators, the name it gets in the output (``a/b.json``)."""
@@ -169,6 +170,9 @@ class SideFileSource:
     """Size in bytes when the source was opened."""
 
     def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:  # where it is read from, as for a Path
         return str(self.path)
 
 
