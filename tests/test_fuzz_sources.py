@@ -34,7 +34,7 @@ from ninfer_convert.container import INDEX_NAME, SINGLE_NAME, open_artifact
 from ninfer_convert.container.wire import PRELUDE, canonical_json, header_digest
 from ninfer_convert.convert import plan_conversion
 from ninfer_convert.errors import NinferError
-from ninfer_convert.source import DTYPES, OPAQUE_DTYPES, open_source
+from ninfer_convert.source import DTYPES, OPAQUE_DTYPES, open_source, parse_header
 
 LONG = os.environ.get("NINFER_FUZZ_EXAMPLES")
 EXAMPLES = int(LONG) if LONG else 40
@@ -219,6 +219,21 @@ def test_fuzzed_safetensors_headers_are_accepted_or_refused_typed(
     (root / "config.json").write_text('{"model_type": "llama"}')
     bounded(lambda: _exercise_source(root / "model.safetensors"))
     bounded(lambda: _exercise_source(root, skip_all))
+    # Differential: what the safetensors project refuses, we refuse too (we are stricter
+    # in documented ways -- names, dimensions, duplicate and extra keys -- never looser).
+    if not _safetensors_accepts(root / "model.safetensors"):
+        with pytest.raises(NinferError):
+            parse_header(root / "model.safetensors")
+
+
+def _safetensors_accepts(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np"):
+            return True
+    except Exception:  # its errors are untyped for us: any refusal counts
+        return False
 
 
 @FUZZ

@@ -603,3 +603,26 @@ def test_index_shard_names_the_file_system_cannot_hold_are_source_errors(tmp_pat
 def test_source_path_too_long_is_a_source_error(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="cannot look it up"):
         open_source(tmp_path / ("y" * 5000))
+
+
+def test_null_metadata_is_no_metadata_as_in_safetensors(tmp_path: Path) -> None:
+    header = '{"__metadata__": null, ' + one_u8()[1:]
+    parsed = parse_header(raw_file(tmp_path / "m.safetensors", header, b"\x00"))
+    assert dict(parsed.metadata) == {} and list(parsed.tensors) == ["a"]
+
+
+@pytest.mark.parametrize("field", ["shape", "offset"])
+def test_negative_zero_integer_is_refused_as_in_safetensors(tmp_path: Path, field: str) -> None:
+    spec = (
+        '{"a": {"dtype": "U8", "shape": [-0], "data_offsets": [0, 0]}}'
+        if field == "shape"
+        else '{"a": {"dtype": "U8", "shape": [0], "data_offsets": [-0, 0]}}'
+    )
+    with pytest.raises(SourceError, match="-0 is not an unsigned integer"):
+        parse_header(raw_file(tmp_path / "m.safetensors", spec))
+
+
+def test_negative_zero_stays_legal_in_config_json(tmp_path: Path) -> None:
+    src = model_dir(tmp_path / "m")
+    (src / "config.json").write_text('{"model_type": "llama", "bias": -0}')
+    assert open_source(src).config == {"model_type": "llama", "bias": 0}

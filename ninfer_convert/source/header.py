@@ -11,8 +11,8 @@ rules are listed for users in docs/cli.md, "Source checkpoints"):
   spaces, the writer's padding, are allowed); duplicate keys, the non-JSON constants
   NaN/Infinity, nesting deeper than :data:`~ninfer_convert.jsonlimits.MAX_JSON_DEPTH` and
   ``\\u`` escapes that leave a lone UTF-16 surrogate (safetensors refuses them as invalid
-  JSON) are refused;
-* ``__metadata__``, when present, maps strings to strings;
+  JSON) and the integer literal ``-0`` (not an unsigned integer) are refused;
+* ``__metadata__``, when present and not ``null``, maps strings to strings;
 * every other key is a tensor name that the container can store (1..4096 characters, no
   control character: :func:`~ninfer_convert.container.checks.check_tensor_name`), with exactly
   the keys ``dtype``, ``shape`` and ``data_offsets``;
@@ -173,17 +173,33 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def loads_strict_json(text: str) -> Any:
+def _header_int(literal: str) -> int:
+    # safetensors reads shapes and offsets as unsigned integers: "-0" is not one.
+    if literal.startswith("-"):
+        value = int(literal)
+        if value == 0:
+            raise ValueError("-0 is not an unsigned integer")
+        return value
+    return int(literal)
+
+
+def loads_strict_json(text: str, *, header: bool = False) -> Any:
     """``json.loads`` that refuses duplicate keys, NaN/Infinity, nesting deeper than
     :data:`~ninfer_convert.jsonlimits.MAX_JSON_DEPTH` and lone surrogates (raises ValueError).
 
     The nesting bound runs first, so ``json.loads`` never recurses past it.  ``json.loads``
     pairs surrogate escapes itself; one left unpaired is a string no UTF-8 encoder can write,
-    so it is refused here, as safetensors refuses it."""
+    so it is refused here, as safetensors refuses it.  ``header=True`` (a safetensors header)
+    also refuses the integer literal ``-0``, which safetensors' unsigned fields refuse."""
     deep = nesting_problem(text)
     if deep is not None:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels at character {deep}")
-    value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    value = json.loads(
+        text,
+        object_pairs_hook=_no_duplicates,
+        parse_constant=_reject_constant,
+        parse_int=_header_int if header else None,
+    )
     if _SURROGATE_ESCAPE.search(text) is not None:
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -251,7 +267,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             "header does not start with '{'", path=where, hint="not a safetensors file"
         )
     try:
-        header = loads_strict_json(text)
+        header = loads_strict_json(text, header=True)
     except ValueError as exc:
         raise SourceError(f"header is not valid JSON: {exc}", path=where) from exc
     if not isinstance(header, dict):
@@ -263,6 +279,8 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     entries: list[TensorEntry] = []
     for name, spec in header.items():
         if name == "__metadata__":
+            if spec is None:  # safetensors reads an absent map as null too
+                continue
             if not isinstance(spec, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in spec.items()
             ):
