@@ -4,7 +4,9 @@ Contract: :func:`encode_rows` encodes a block of rows into caller-provided code 
 arrays, bit-identical to :mod:`.oracle` whichever implementation runs (the tests run both
 against the oracle; CI requires the C kernel to be present via ``NINFER_REQUIRE_NATIVE=1``).
 Refusals raise the same :class:`~ninfer_convert.errors.EncodeError` messages as the numpy
-backend, with rows counted from ``row0``.
+backend, with rows counted from ``row0``.  ``words`` may sit at any address (a BF16 tensor at an
+odd offset of a memory-mapped file): the C kernel copies an input that is not aligned to its
+word size before reading it, and checks its sizes and code bounds itself (``_hostkernel.c``).
 """
 
 from __future__ import annotations
