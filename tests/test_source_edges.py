@@ -626,3 +626,19 @@ def test_negative_zero_stays_legal_in_config_json(tmp_path: Path) -> None:
     src = model_dir(tmp_path / "m")
     (src / "config.json").write_text('{"model_type": "llama", "bias": -0}')
     assert open_source(src).config == {"model_type": "llama", "bias": 0}
+
+
+def test_more_side_files_than_the_cap_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ninfer_convert.source import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_SIDE_FILES", 3)
+    root = model_dir(tmp_path / "m")
+    for i in range(2):
+        (root / f"s{i}.txt").write_text("x")
+    assert len(open_source(root).side_files) == 3  # config.json + 2
+    (root / "sub").mkdir()
+    (root / "sub" / "s.txt").write_text("x")
+    with pytest.raises(SourceError, match="more than 3 side files"):
+        open_source(root)

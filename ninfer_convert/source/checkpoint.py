@@ -464,7 +464,7 @@ def scan_side_files(root: Path, *, bound: Path | None = None) -> tuple[SideFileS
     found: list[SideFileSource] = []
     problems: list[str] = []
     stack: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
-    while stack:
+    while stack and len(found) <= MAX_SIDE_FILES:  # stop early: the count alone refuses
         folder, parts = stack.pop()
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -511,7 +511,7 @@ def scan_side_files(root: Path, *, bound: Path | None = None) -> tuple[SideFileS
             found.append(SideFileSource(rel, Path(entry.path), st.st_size))
     found.sort(key=lambda f: f.name)
     if len(found) > MAX_SIDE_FILES:
-        problems.append(f"{len(found)} side files, more than the cap of {MAX_SIDE_FILES}")
+        problems.append(f"more than {MAX_SIDE_FILES} side files (the cap)")
     owners: dict[str, str] = {}
     for f in found:
         names = f.name.split("/")
