@@ -544,6 +544,7 @@ def test_writer_error_is_typed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("output", "needle"),
     [
+        ('"x\\ud800{A}"', "lone UTF-16 surrogate"),
         ('"x\\t{A}"', "control character"),
         ('"' + "z" * 4096 + '{A}"', "1..4096 characters"),
     ],
@@ -567,7 +568,9 @@ def test_derived_output_name_with_a_lone_surrogate_is_a_plan_error(tmp_path: Pat
     body = "- derive: \"x\\ud800{A}\"\n  inputs: ['{A}']\n  format: FP32\n  role: norm\n"
     with pytest.raises(RecipeProblems) as info:
         convert_checkpoint(src, fp32_recipe(tmp_path, body), tmp_path / "o", device="cpu")
-    assert "output 'x\\ud800w' holds a lone UTF-16 surrogate" in info.value.problems[0].message
+    message = info.value.problems[0].message
+    assert "output 'x\\ud800w' holds a lone UTF-16 surrogate" in message
+    message.encode("utf-8")  # printable: the rule's own spelling is escaped too
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

@@ -363,8 +363,11 @@ class _Planner:
 
     def err(self, rule: Rule | None, message: str, line: int | None = None) -> None:
         where = rule.describe() + ": " if rule is not None else ""
+        # A recipe string may hold a lone surrogate (YAML "\ud800"): spell it as an escape so
+        # the problem can always be printed.
+        text = (where + message).encode("utf-8", "backslashreplace").decode("utf-8")
         self.problems.append(
-            Problem(line if line is not None else (rule.line if rule else None), where + message)
+            Problem(line if line is not None else (rule.line if rule else None), text)
         )
 
     # -- identity ------------------------------------------------------------------------------
