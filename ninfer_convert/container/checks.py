@@ -8,16 +8,28 @@ decides whether that is a usage error (writer) or an artifact error (reader).
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable
 
 from ..errors import NinferError
 from ..formats import check_profile_fits
 from ..layouts import PlaneSpec, check_combination
+from ..names import (
+    MAX_NAME_CHARS,
+    MAX_SIDE_FILE_CHARS,
+    MAX_SIDE_FILE_DEPTH,
+    side_file_key,
+    side_file_path_problem,
+    tensor_name_problem,
+)
 from .schema import Provenance, SchemaError, TensorEntry
 from .wire import INDEX_NAME, MAX_ALIGNMENT, MIN_ALIGNMENT, SINGLE_NAME, align_up, parse_shard_name
 
+# The name rules themselves live in ..names (shared with the source reader and the planner);
+# their limits are re-exported here for the container's callers.
 __all__ = [
+    "MAX_NAME_CHARS",
+    "MAX_SIDE_FILE_CHARS",
+    "MAX_SIDE_FILE_DEPTH",
     "check_alignment",
     "check_provenance",
     "check_side_file_name",
@@ -26,14 +38,6 @@ __all__ = [
     "expected_planes",
     "side_file_key",
 ]
-
-MAX_NAME_CHARS = 4096
-
-MAX_SIDE_FILE_DEPTH = 8
-"""Most path components in a side file name (``a/b/c.json`` has 3)."""
-
-MAX_SIDE_FILE_CHARS = 4096
-"""Most characters in a side file name, separators included."""
 
 
 def _message(exc: NinferError) -> str:
@@ -51,10 +55,9 @@ def check_alignment(alignment: int, where: str = "artifact.alignment") -> None:
 
 def check_tensor_name(name: str, where: str) -> None:
     """Tensor names: non-empty, at most 4096 characters, no control characters."""
-    if not name or len(name) > MAX_NAME_CHARS:
-        raise SchemaError(where, f"tensor name must have 1..{MAX_NAME_CHARS} characters")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise SchemaError(where, f"tensor name {name!r} contains a control character")
+    problem = tensor_name_problem(name)
+    if problem is not None:
+        raise SchemaError(where, problem)
 
 
 def expected_planes(
@@ -147,30 +150,12 @@ def check_placement(tensors: Iterable[TensorEntry], alignment: int, start: int, 
     return cursor
 
 
-def side_file_key(name: str) -> str:
-    """What a case-insensitive, normalising file system (APFS, NTFS, exFAT) treats as equal:
-    two side file names (or a name and a folder prefix) with the same key collide."""
-    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
-
-
 def check_side_file_name(name: str, where: str) -> None:
     """A side file name is a relative path of plain components that cannot be mistaken for a
     container file (docs/container.md section 4.6)."""
-    parts = name.split("/") if isinstance(name, str) else []
-    bad = (
-        not parts
-        or len(name) > MAX_SIDE_FILE_CHARS
-        or len(parts) > MAX_SIDE_FILE_DEPTH
-        or "\\" in name
-        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
-        or any(not part or len(part) > 255 or part in (".", "..") for part in parts)
-    )
-    if bad:
-        raise SchemaError(
-            where,
-            f"side file name {name!r} is not a relative path of 1..{MAX_SIDE_FILE_DEPTH} "
-            "plain file names joined by '/'",
-        )
+    problem = side_file_path_problem(name)
+    if problem is not None:
+        raise SchemaError(where, problem)
     folded = name.casefold()
     if (
         folded in (SINGLE_NAME, INDEX_NAME)

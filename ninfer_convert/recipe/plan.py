@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..container.checks import check_tensor_name
-from ..container.schema import SchemaError
 from ..errors import NinferError
 from ..formats import FORMATS, Category, NumericFormat
+from ..names import tensor_name_problem
 from ..source import SourceCheckpoint, SourceTensorInfo
 from .cost import padding_warnings
 from .model import Problem, Recipe, RecipeProblems, Rule
@@ -852,11 +851,11 @@ def identity_problems(recipe: Recipe, source: SourceCheckpoint) -> list[Problem]
 
 def _output_name_problem(name: str) -> str | None:
     """Why the container could not store an output name (a derive template can make any)."""
+    problem = tensor_name_problem(name)
+    if problem is not None:
+        return f"output {name!a}: {problem}"
     try:
-        check_tensor_name(name, "output")
         name.encode("utf-8")
-    except SchemaError as exc:
-        return f"output {name!a}: {exc.message}"
     except UnicodeEncodeError:
         return f"output {name!a} holds a lone UTF-16 surrogate, which is not a character"
     return None

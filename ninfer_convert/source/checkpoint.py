@@ -54,9 +54,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ..container.checks import MAX_SIDE_FILE_DEPTH, check_side_file_name, side_file_key
-from ..container.schema import SchemaError
 from ..errors import SourceError
+from ..names import MAX_SIDE_FILE_DEPTH, side_file_key, side_file_path_problem
 from ..readahead import read_ahead
 from .header import DTYPES, SafetensorsHeader, loads_strict_json, parse_header
 from .hf_cache import looks_like_repo_id, resolve_cached_repo
@@ -505,10 +504,9 @@ def scan_side_files(root: Path, *, bound: Path | None = None) -> tuple[SideFileS
             if not stat.S_ISREG(st.st_mode):
                 problems.append(f"{rel}: not a regular file (a FIFO, device or socket)")
                 continue
-            try:
-                check_side_file_name(rel, "side file")
-            except SchemaError as exc:
-                problems.append(f"{rel!r}: {exc.message}")
+            bad_name = side_file_path_problem(rel)
+            if bad_name is not None:
+                problems.append(f"{rel!r}: {bad_name}")
                 continue
             found.append(SideFileSource(rel, Path(entry.path), st.st_size))
     found.sort(key=lambda f: f.name)

@@ -14,7 +14,7 @@ rules are listed for users in docs/cli.md, "Source checkpoints"):
   JSON) and the integer literal ``-0`` (not an unsigned integer) are refused;
 * ``__metadata__``, when present and not ``null``, maps strings to strings;
 * every other key is a tensor name that the container can store (1..4096 characters, no
-  control character: :func:`~ninfer_convert.container.checks.check_tensor_name`), with exactly
+  control character: :func:`~ninfer_convert.names.tensor_name_problem`), with exactly
   the keys ``dtype``, ``shape`` and ``data_offsets``;
 * ``dtype`` is one of :data:`DTYPES` (read and converted) or :data:`OPAQUE_DTYPES` (valid
   safetensors types the converter cannot convert: their bytes are checked and digested, so a
@@ -42,10 +42,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..container.checks import check_tensor_name
-from ..container.schema import SchemaError
 from ..errors import SourceError
 from ..jsonlimits import MAX_JSON_DEPTH, nesting_problem
+from ..names import tensor_name_problem
 
 __all__ = [
     "DTYPES",
@@ -318,12 +317,11 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
 
 
 def _check_name(name: str, where: str) -> None:
-    try:
-        check_tensor_name(name, "tensor name")
-    except SchemaError as exc:
+    problem = tensor_name_problem(name)
+    if problem is not None:
         shown = name if len(name) <= 80 else name[:60] + f"... ({len(name)} characters)"
         raise SourceError(
-            exc.message,
+            problem,
             path=where,
             tensor=shown,
             hint="the output container cannot store this name; rename the tensor in the "
