@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import struct
 import threading
 from collections.abc import Callable
@@ -196,6 +197,20 @@ def _exercise_source(spec: Path, recipe: Path | None = None) -> None:
 
 
 @pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """An emptied folder per test, reused by every example (long runs make no litter)."""
+    base = tmp_path_factory.mktemp("fuzz")
+
+    def fresh(name: str) -> Path:
+        d = base / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        return d
+
+    return fresh
+
+
+@pytest.fixture(scope="module")
 def skip_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("recipe") / "r.yaml"
     p.write_text(RECIPE_HEAD + "- skip: '*'\n  reason: fuzz\n")
@@ -208,9 +223,9 @@ def skip_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_safetensors_headers_are_accepted_or_refused_typed(
-    tmp_path_factory: pytest.TempPathFactory, skip_all: Path, data: st.DataObject
+    scratch: Callable[[str], Path], skip_all: Path, data: st.DataObject
 ) -> None:
-    root = tmp_path_factory.mktemp("st")
+    root = scratch("st")
     header, body = safetensors_header(data)
     if data.draw(st.booleans()):
         header = mutate_json(data, header)
@@ -239,9 +254,9 @@ def _safetensors_accepts(path: Path) -> bool:
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_shard_indexes_are_accepted_or_refused_typed(
-    tmp_path_factory: pytest.TempPathFactory, skip_all: Path, data: st.DataObject
+    scratch: Callable[[str], Path], skip_all: Path, data: st.DataObject
 ) -> None:
-    root = tmp_path_factory.mktemp("idx")
+    root = scratch("idx")
     one = {"a": ("U8", np.zeros(2, np.uint8))}
     two = {"b": ("F32", np.zeros(2, np.uint32)), "c": ("BF16", np.zeros(3, np.uint16))}
     write_safetensors(root / "model-00001-of-00002.safetensors", one)
@@ -264,9 +279,9 @@ def test_fuzzed_shard_indexes_are_accepted_or_refused_typed(
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_config_json_is_accepted_or_refused_typed(
-    tmp_path_factory: pytest.TempPathFactory, skip_all: Path, data: st.DataObject
+    scratch: Callable[[str], Path], skip_all: Path, data: st.DataObject
 ) -> None:
-    root = tmp_path_factory.mktemp("cfg")
+    root = scratch("cfg")
     write_safetensors(root / "model.safetensors", {"w": ("F32", np.zeros(2, np.uint32))})
     config: Any = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "n": 1}
     config = mutate_json(data, config)
@@ -301,7 +316,7 @@ def _exercise_artifact(path: Path) -> None:
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_ninfer_headers_are_accepted_or_refused_typed(
-    tmp_path_factory: pytest.TempPathFactory,
+    scratch: Callable[[str], Path],
     artifacts: tuple[bytes, dict[str, bytes]],
     data: st.DataObject,
 ) -> None:
@@ -315,7 +330,7 @@ def test_fuzzed_ninfer_headers_are_accepted_or_refused_typed(
         else json.dumps(header).encode()
     )
     head = PRELUDE.pack(fields[0], fields[1], fields[2], fields[3], h_off, len(raw), bytes(16))
-    root = tmp_path_factory.mktemp("nh")
+    root = scratch("nh")
     (root / SINGLE_NAME).write_bytes(head[:32] + header_digest(head, raw) + blob[48:h_off] + raw)
     (root / "config.json").write_bytes(b"{}")
     bounded(lambda: _exercise_artifact(root))
@@ -324,11 +339,11 @@ def test_fuzzed_ninfer_headers_are_accepted_or_refused_typed(
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_ninfer_indexes_are_accepted_or_refused_typed(
-    tmp_path_factory: pytest.TempPathFactory,
+    scratch: Callable[[str], Path],
     artifacts: tuple[bytes, dict[str, bytes]],
     data: st.DataObject,
 ) -> None:
-    root = tmp_path_factory.mktemp("ni")
+    root = scratch("ni")
     for name, blob in artifacts[1].items():
         (root / name).write_bytes(blob)
     index = mutate_json(data, json.loads(artifacts[1][INDEX_NAME]))
