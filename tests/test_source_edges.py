@@ -568,14 +568,28 @@ def test_derived_output_names_the_container_cannot_store_are_plan_errors(
         assert needle in err and "Traceback" not in err and not out.exists()
 
 
-def test_derived_output_name_with_a_lone_surrogate_is_a_plan_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("- match: w", '- derive: "x\\ud800{A}"\n  inputs: [\'{A}\']'),
+        ("role: norm", 'role: "n\\ud800"'),
+        ("- match: w", '- match: "w\\udfff"'),
+        ("name: t", 'name: "t\\ud800"'),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_recipe_strings_with_a_lone_surrogate_are_recipe_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], dry_run: bool
+) -> None:
     src = model_dir(tmp_path / "m")
-    body = "- derive: \"x\\ud800{A}\"\n  inputs: ['{A}']\n  format: FP32\n  role: norm\n"
-    with pytest.raises(RecipeProblems) as info:
-        convert_checkpoint(src, fp32_recipe(tmp_path, body), tmp_path / "o", device="cpu")
-    message = info.value.problems[0].message
-    assert "output 'x\\ud800w' holds a lone UTF-16 surrogate" in message
-    message.encode("utf-8")  # printable: the rule's own spelling is escaped too
+    recipe = fp32_recipe(tmp_path)
+    recipe.write_text(recipe.read_text().replace(*edit))
+    out = tmp_path / "out"
+    args = ["convert", str(src), "--recipe", str(recipe), "--output", str(out)]
+    code = main([*args, "--dry-run"] if dry_run else args)
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "lone UTF-16 surrogate" in err and "Traceback" not in err and not out.exists()
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

@@ -362,11 +362,8 @@ class _Planner:
 
     def err(self, rule: Rule | None, message: str, line: int | None = None) -> None:
         where = rule.describe() + ": " if rule is not None else ""
-        # A recipe string may hold a lone surrogate (YAML "\ud800"): spell it as an escape so
-        # the problem can always be printed.
-        text = (where + message).encode("utf-8", "backslashreplace").decode("utf-8")
         self.problems.append(
-            Problem(line if line is not None else (rule.line if rule else None), text)
+            Problem(line if line is not None else (rule.line if rule else None), where + message)
         )
 
     # -- identity ------------------------------------------------------------------------------
@@ -851,14 +848,9 @@ def identity_problems(recipe: Recipe, source: SourceCheckpoint) -> list[Problem]
 
 def _output_name_problem(name: str) -> str | None:
     """Why the container could not store an output name (a derive template can make any)."""
+    # Recipe strings never hold a lone surrogate (recipe/yamlnodes.py refuses them).
     problem = tensor_name_problem(name)
-    if problem is not None:
-        return f"output {name!a}: {problem}"
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"output {name!a} holds a lone UTF-16 surrogate, which is not a character"
-    return None
+    return None if problem is None else f"output {name!r}: {problem}"
 
 
 def build_plan(

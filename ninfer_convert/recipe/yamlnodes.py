@@ -4,7 +4,8 @@ Contract: :func:`load_nodes` parses one YAML document into :class:`YNode` values
 ``value`` is a ``dict[str, YNode]``, a ``list[YNode]`` or a plain scalar (str, int, float, bool,
 None), and whose ``line`` is the 1-based line where the node starts.  It returns the tree with
 every problem it could recover from (duplicate mapping keys: the first value is kept; non-string
-keys, merge keys (``<<``), tags other than the core ones and dates: the entry is dropped).
+keys, merge keys (``<<``), tags other than the core ones, dates, and strings holding a lone
+UTF-16 surrogate (a ``"\\ud800"`` escape): the entry is dropped).
 Syntax errors, aliases and multiple documents cannot be recovered from and raise
 :class:`YamlProblem`.
 """
@@ -112,6 +113,9 @@ def _convert(loader: _StrictLoader, node: yaml.Node, problems: list[YamlProblem]
                 problems.append(YamlProblem(kline, "mapping keys must be plain strings"))
                 continue
             key = key_node.value
+            if _lone_surrogate(key):
+                problems.append(YamlProblem(kline, f"mapping key {key!a} {_SURROGATE}"))
+                continue
             if key in out:
                 problems.append(
                     YamlProblem(kline, f"duplicate key {key!r} (first at line {out[key].line})")
@@ -132,4 +136,19 @@ def _convert(loader: _StrictLoader, node: yaml.Node, problems: list[YamlProblem]
     if not isinstance(scalar, (str, int, float, bool)) and scalar is not None:
         problems.append(YamlProblem(line, f"unsupported YAML value {node.value!r}"))
         return None
+    if isinstance(scalar, str) and _lone_surrogate(scalar):
+        problems.append(YamlProblem(line, f"the string {scalar!a} {_SURROGATE}"))
+        return None
     return YNode(scalar, line)
+
+
+_SURROGATE = "holds a lone UTF-16 surrogate (a \\u escape that is not a character)"
+
+
+def _lone_surrogate(text: str) -> bool:
+    # A double-quoted "\ud800" gives a string no UTF-8 encoder can write (or print).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
