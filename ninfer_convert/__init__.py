@@ -7,6 +7,7 @@ Stable public API (other tools call these names):
 * :func:`dequantize_grouped` - the binary32 reconstruction oracle of the grouped formats.
 * :func:`open_artifact`, :class:`ArtifactWriter` - read and write .ninfer artifacts.
 * :data:`LAYOUTS`, :func:`lookup_layout` - the closed registry of storage layouts.
+* :func:`load_state_dict` - an artifact as a lazy torch state dict, under source or stored names.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .errors import NinferError
 from .formats import ENCODER_PROFILES, FORMATS, lookup_format, lookup_profile
 from .inspect import inspect_artifact
 from .layouts import LAYOUTS, lookup_layout
+from .loader import ArtifactStateDict, load_state_dict
 from .logical import DirectWords, FP8RowWords, GroupedCodes, NVFP4Words
 from .verify import verify_artifact
 
@@ -28,6 +30,7 @@ __all__ = [
     "ENCODER_PROFILES",
     "FORMATS",
     "LAYOUTS",
+    "ArtifactStateDict",
     "ArtifactWriter",
     "DirectWords",
     "FP8RowWords",
@@ -41,6 +44,7 @@ __all__ = [
     "encode_grouped",
     "encode_grouped_words",
     "inspect_artifact",
+    "load_state_dict",
     "lookup_format",
     "lookup_layout",
     "lookup_profile",

@@ -31,9 +31,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from . import convert_cmd, formats_cmd, inspect_cmd, recipes_cmd, sign_cmd, verify_cmd
+    from . import convert_cmd, eval_cmd, formats_cmd, inspect_cmd, recipes_cmd, sign_cmd, verify_cmd
 
-    for module in (convert_cmd, verify_cmd, inspect_cmd, formats_cmd, recipes_cmd, sign_cmd):
+    for module in (
+        convert_cmd, verify_cmd, inspect_cmd, formats_cmd, recipes_cmd, sign_cmd, eval_cmd
+    ):
         cli.add_command(module.command)
 
 

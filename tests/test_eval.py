@@ -1,0 +1,185 @@
+"""``ninfer eval`` machinery on the tiny example (random weights: the numbers mean nothing, so
+these tests assert what the machinery must give: identical weights -> KL exactly 0 and
+agreement 1; a deliberately broken artifact -> low agreement and a failed threshold)."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer_convert.cli import main
+from ninfer_convert.container import ArtifactWriter, open_artifact
+from ninfer_convert.convert import convert_checkpoint
+from ninfer_convert.errors import ArtifactError, UsageError
+from ninfer_convert.evaluate import default_prompts, evaluate_artifact, threshold_failures
+from ninfer_convert.layouts import lookup_layout
+from ninfer_convert.logical import DirectWords
+
+pytestmark = pytest.mark.interop
+
+ROOT = Path(__file__).resolve().parent.parent
+BF16_DIR = ROOT / "examples" / "tiny-qwen3.5"
+PROMPTS = ["The capital of France is", "one two three four", "def f(x): return"]
+
+ALL_BF16 = """\
+ninfer_recipe: 1
+name: all-bf16
+version: "1"
+source:
+  model_type: {model_type}
+evidence:
+  - id: e1
+    citation: none
+    summary: lossless
+rules:
+  - match: 're:.*'
+    format: {fmt}
+    role: all
+"""
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    tmp = tmp_path_factory.mktemp("eval")
+    recipe = tmp / "all-bf16.yaml"
+    recipe.write_text(ALL_BF16.format(model_type="qwen3_5", fmt="BF16"))
+    good = tmp / "good"
+    convert_checkpoint(BF16_DIR, recipe, good, device="cpu", jobs=1)
+    # Broken on purpose: the same words, but lm_head's rows reversed (a wrong derivation that
+    # every stored-word check would accept, because the recipe itself is what is wrong).
+    broken = tmp / "broken"
+    with (
+        open_artifact(good) as art,
+        ArtifactWriter(broken, metadata=art.metadata, alignment=art.meta.alignment) as w,
+    ):
+        for name, info in art.tensors.items():
+            logical = art.read(name)
+            if name == "lm_head.weight":
+                assert isinstance(logical, DirectWords)
+                logical = DirectWords(np.ascontiguousarray(logical.words[::-1]))
+            planes = lookup_layout(info.layout).pack(info.format, logical)
+            w.add_packed(name, info.format, info.shape, planes, role=info.role,
+                         provenance=info.provenance)  # fmt: skip
+    return {"good": good, "broken": broken}
+
+
+def test_identical_weights_give_kl_exactly_zero(
+    artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = artifacts["good"].parent / "prompts.txt"
+    prompts.write_text("# comment lines and blank lines are skipped\n\n" + "\n".join(PROMPTS))
+    code = main(["eval", str(artifacts["good"]), "--prompts", str(prompts), "--max-tokens", "2",
+                 "--json", "-q", "--min-top1", "1.0", "--max-kl", "0"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    tokens = sum(len(p.encode()) for p in PROMPTS)
+    assert doc["model"] == {
+        "class": "Qwen3_5ForConditionalGeneration", "kind": "causal-lm", "tokenizer": "utf-8-bytes"
+    }  # fmt: skip
+    assert doc["prompts"] == {"origin": str(prompts), "count": 3, "tokens": tokens}
+    c = doc["causal_lm"]
+    assert c["positions"] == tokens
+    assert c["kl_mean"] == 0.0 and c["kl_max"] == 0.0
+    assert c["top1_agreement"] == 1.0
+    assert c["perplexity_artifact"] == c["perplexity_source"] and c["perplexity_change"] == 0.0
+    assert c["greedy"] == {"prompts": 3, "identical": 3, "token_agreement": 1.0}
+    assert doc["encoder"] is None and doc["sqnr"] is None and doc["failures"] == []
+
+
+def test_a_broken_artifact_shows_low_agreement_and_fails_thresholds(
+    artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = artifacts["broken"].parent / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS))
+    code = main(["eval", str(artifacts["broken"]), "--prompts", str(prompts), "--max-tokens",
+                 "2", "--json", "-q", "--min-top1", "0.9", "--max-kl", "0.01"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 9, err  # QualityError, after the report was printed
+    doc = json.loads(out)
+    c = doc["causal_lm"]
+    assert c["top1_agreement"] < 0.5 and c["kl_mean"] > 0.1 and c["greedy"]["identical"] < 3
+    assert doc["thresholds"] == {"min_top1": 0.9, "max_kl": 0.01, "min_cosine": None}
+    assert len(doc["failures"]) == 2 and "below --min-top1 0.9" in err
+
+
+def test_thresholds_for_metrics_not_measured_are_usage_errors(
+    artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["eval", str(artifacts["broken"]), "--sqnr-only", "--min-top1", "0.5", "-q"])
+    assert code == 2
+    assert "apply to causal LMs" in capsys.readouterr().err
+
+
+def test_sqnr_only_needs_no_model_run(artifacts: dict[str, Path]) -> None:
+    r = evaluate_artifact(artifacts["broken"], sqnr=True, run_model=False)
+    assert r.causal is None and r.kind is None and r.sqnr is not None
+    by_name = {t.name: t for t in r.sqnr}
+    assert len(by_name) == 104
+    assert all(t.exact for n, t in by_name.items() if n != "lm_head.weight")
+    head = by_name["lm_head.weight"]
+    assert not head.exact and head.sqnr_db is not None and head.sqnr_db < 3
+
+
+def test_missing_transformers_is_a_usage_error_naming_the_extra(
+    artifacts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = builtins.__import__
+
+    def no_transformers(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(UsageError, match=r"needs transformers.*interop"):
+        evaluate_artifact(artifacts["good"], prompts=PROMPTS, max_tokens=1)
+
+
+def test_an_artifact_missing_a_model_tensor_is_refused(tmp_path: Path) -> None:
+    """A partly overwritten model would compare the source with itself: refused."""
+    pytest.importorskip("transformers")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        ALL_BF16.format(model_type="qwen3_5", fmt="BF16").replace(
+            "rules:\n", "rules:\n  - skip: model.language_model.norm.weight\n    reason: test\n"
+        )
+    )
+    convert_checkpoint(BF16_DIR, recipe, tmp_path / "o", device="cpu", jobs=1)
+    with pytest.raises(ArtifactError, match=r"1 model tensors not in the artifact"):
+        evaluate_artifact(tmp_path / "o", prompts=PROMPTS, max_tokens=1)
+
+
+def test_encoder_models_report_cosine_and_neighbours(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=48, max_position_embeddings=64,
+    )  # fmt: skip
+    src = tmp_path / "bert"
+    transformers.BertModel(config).save_pretrained(src)
+    recipe = tmp_path / "fp32.yaml"
+    recipe.write_text(ALL_BF16.format(model_type="bert", fmt="FP32"))
+    convert_checkpoint(src, recipe, tmp_path / "o", device="cpu", jobs=1)
+    r = evaluate_artifact(tmp_path / "o", prompts=PROMPTS)
+    e = r.encoder
+    assert r.kind == "encoder" and r.causal is None and e is not None
+    assert e.pooling == "mean"
+    assert e.cosine_min == pytest.approx(1.0, abs=1e-12)  # identical weights, float rounding
+    assert e.nearest_neighbour_agreement == 1.0
+    with pytest.raises(UsageError, match="apply to causal LMs"):
+        threshold_failures(r, min_top1=0.5)
+
+
+def test_default_prompts_are_packaged() -> None:
+    prompts = default_prompts()
+    assert len(prompts) >= 8 and not any(p.startswith("#") for p in prompts)
