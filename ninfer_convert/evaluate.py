@@ -7,10 +7,10 @@ Contract (docs/cli.md, "ninfer eval"):
   in float32 and run on the prompts; then every parameter and persistent buffer is overwritten,
   one tensor at a time, from :func:`~ninfer_convert.loader.load_state_dict` (``names="source"``,
   float32) and the same prompts are run again.  Only one model is ever in memory.  A model
-  tensor the artifact does not provide (other than one tied to a provided tensor), or an
-  artifact tensor the model does not have (other than those the class itself ignores on load),
-  is an :class:`~ninfer_convert.errors.ArtifactError`: a partly overwritten model would compare
-  the source with itself.
+  tensor the artifact does not provide (other than one tied to a provided tensor), or one whose
+  shape differs, is an :class:`~ninfer_convert.errors.ArtifactError`: a partly overwritten
+  model would compare the source with itself.  Artifact tensors the model has no place for
+  are listed in the report (``unused_tensors``), not compared.
 * Causal LMs (``...ForCausalLM``, ``...ForConditionalGeneration``, ``...LMHeadModel``): at every
   prompt position, top-1 agreement of the next-token argmax and KL(source || artifact) of the
   next-token distributions (float64 log-softmax of float32 logits); perplexity of each model on
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -164,6 +163,8 @@ class EvalReport:
     encoder: EncoderMetrics | None = None
     sqnr: tuple[TensorSqnr, ...] | None = None
     elapsed_s: float = 0.0
+    unused_tensors: tuple[str, ...] = ()
+    """Artifact tensors the model class has no place for (not compared)."""
     thresholds: dict[str, float | None] = field(default_factory=dict)
     failures: tuple[str, ...] = ()
 
@@ -190,6 +191,7 @@ class EvalReport:
             "causal_lm": None if self.causal is None else self.causal.to_dict(),
             "encoder": None if self.encoder is None else self.encoder.to_dict(),
             "sqnr": sq,
+            "unused_tensors": list(self.unused_tensors),
             "thresholds": dict(self.thresholds),
             "failures": list(self.failures),
             "elapsed_s": round(self.elapsed_s, 3),
@@ -265,29 +267,27 @@ def _model_class(
     )
 
 
-def _ignored_patterns(model: Any) -> list[re.Pattern[str]]:
-    pats = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []
-    return [re.compile(p) for p in pats]
-
-
-def load_artifact_into(model: Any, weights: Mapping[str, torch.Tensor], where: str) -> int:
-    """Overwrite every model tensor from ``weights`` (one at a time); returns tensors copied.
+def load_artifact_into(
+    model: Any, weights: Mapping[str, torch.Tensor], where: str
+) -> tuple[str, ...]:
+    """Overwrite every model tensor from ``weights``, one at a time; returns the artifact
+    tensors the model has no place for (in stored order; e.g. ``mtp.*`` for Qwen3.5 or a
+    non-persistent buffer a checkpoint carries).
 
     Raises ArtifactError when a model tensor is not provided (unless tied to a provided one)
-    or an artifact tensor has no place in the model (unless the class ignores it on load)."""
+    or a provided tensor's shape differs from the model's: either would leave source weights
+    in the model and make the comparison meaningless."""
     import torch
 
     targets = model.state_dict(keep_vars=True)
-    ignored = _ignored_patterns(model)
-    unexpected: list[str] = []
+    unused: list[str] = []
     shape_bad: list[str] = []
     done: set[str] = set()
     with torch.no_grad():
         for key in weights:
             target = targets.get(key)
             if target is None:
-                if not any(p.search(key) for p in ignored):
-                    unexpected.append(key)
+                unused.append(key)
                 continue
             value = weights[key]
             if tuple(value.shape) != tuple(target.shape):
@@ -298,20 +298,20 @@ def load_artifact_into(model: Any, weights: Mapping[str, torch.Tensor], where: s
             del value
     covered = {targets[k].data_ptr() for k in done}
     missing = [k for k in targets if k not in done and targets[k].data_ptr() not in covered]
-    if unexpected or missing or shape_bad:
+    if missing or shape_bad:
         parts = []
         if missing:
             parts.append(f"{len(missing)} model tensors not in the artifact ({missing[:5]})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} artifact tensors not in the model ({unexpected[:5]})")
         if shape_bad:
             parts.append(f"shape differences: {shape_bad[:5]}")
+        if unused:
+            parts.append(f"{len(unused)} artifact tensors not in the model ({unused[:5]})")
         raise ArtifactError(
             "the artifact does not fill the source's model class: " + "; ".join(parts),
             path=where,
             hint="the recipe must keep every tensor the model uses, under its source name",
         )
-    return len(done)
+    return tuple(unused)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,7 +601,7 @@ def evaluate_artifact(
                 say(f"embedding {len(plist)} prompts with the source")
                 emb_src = _run_encoder(model, toks.ids, pooling, device)
         say("loading the artifact's dequantized weights into the same model")
-        load_artifact_into(model, weights, str(artifact))
+        report_kw["unused_tensors"] = load_artifact_into(model, weights, str(artifact))
         with torch.inference_mode():
             if kind == "causal-lm":
                 say(f"running the artifact on {len(plist)} prompts")

@@ -29,6 +29,7 @@ copy of the weights, or copy parameter by parameter from the mapping to hold one
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ def _source_pieces(info: TensorInfo, path: str) -> list[tuple[str, _Piece]]:
             current = (current[1], current[0])
         elif t["op"] == "reshape":
             target = tuple(int(d) for d in t["shape"])
-            if int(np.prod(target, dtype=object)) != int(np.prod(current, dtype=object)):
+            if math.prod(target) != math.prod(current):
                 raise bad(f"reshape of {list(current)} to {list(target)}")
             inverse.append(("reshape", current))
             current = target

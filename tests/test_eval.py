@@ -5,6 +5,8 @@ agreement 1; a deliberately broken artifact -> low agreement and a failed thresh
 from __future__ import annotations
 
 import builtins
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -69,21 +71,36 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"good": good, "broken": broken}
 
 
+def _cli_json(*args: str) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, json.loads(out.getvalue()) if out.getvalue() else {}, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def prompts_file(artifacts: dict[str, Path]) -> Path:
+    path = artifacts["good"].parent / "prompts.txt"
+    path.write_text("# comment lines and blank lines are skipped\n\n" + "\n".join(PROMPTS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def good_run(artifacts: dict[str, Path], prompts_file: Path) -> tuple[int, dict[str, Any], str]:
+    args = ["--max-tokens", "2", "--json", "-q", "--min-top1", "1.0", "--max-kl", "0"]
+    return _cli_json("eval", str(artifacts["good"]), "--prompts", str(prompts_file), *args)
+
+
 def test_identical_weights_give_kl_exactly_zero(
-    artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    good_run: tuple[int, dict[str, Any], str], prompts_file: Path
 ) -> None:
-    prompts = artifacts["good"].parent / "prompts.txt"
-    prompts.write_text("# comment lines and blank lines are skipped\n\n" + "\n".join(PROMPTS))
-    code = main(["eval", str(artifacts["good"]), "--prompts", str(prompts), "--max-tokens", "2",
-                 "--json", "-q", "--min-top1", "1.0", "--max-kl", "0"])  # fmt: skip
-    out, err = capsys.readouterr()
+    code, doc, err = good_run
     assert code == 0, err
-    doc = json.loads(out)
     tokens = sum(len(p.encode()) for p in PROMPTS)
     assert doc["model"] == {
         "class": "Qwen3_5ForConditionalGeneration", "kind": "causal-lm", "tokenizer": "utf-8-bytes"
     }  # fmt: skip
-    assert doc["prompts"] == {"origin": str(prompts), "count": 3, "tokens": tokens}
+    assert doc["prompts"] == {"origin": str(prompts_file), "count": 3, "tokens": tokens}
     c = doc["causal_lm"]
     assert c["positions"] == tokens
     assert c["kl_mean"] == 0.0 and c["kl_max"] == 0.0
@@ -91,20 +108,23 @@ def test_identical_weights_give_kl_exactly_zero(
     assert c["perplexity_artifact"] == c["perplexity_source"] and c["perplexity_change"] == 0.0
     assert c["greedy"] == {"prompts": 3, "identical": 3, "token_agreement": 1.0}
     assert doc["encoder"] is None and doc["sqnr"] is None and doc["failures"] == []
+    # transformers has no MTP module: those 15 tensors are listed, not compared.
+    assert len(doc["unused_tensors"]) == 15
+    assert all(k.startswith("mtp.") for k in doc["unused_tensors"])
 
 
 def test_a_broken_artifact_shows_low_agreement_and_fails_thresholds(
-    artifacts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    artifacts: dict[str, Path], prompts_file: Path, good_run: tuple[int, dict[str, Any], str]
 ) -> None:
-    prompts = artifacts["broken"].parent / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS))
-    code = main(["eval", str(artifacts["broken"]), "--prompts", str(prompts), "--max-tokens",
-                 "2", "--json", "-q", "--min-top1", "0.9", "--max-kl", "0.01"])  # fmt: skip
-    out, err = capsys.readouterr()
+    code, doc, err = _cli_json("eval", str(artifacts["broken"]), "--prompts", str(prompts_file),
+                               "--max-tokens", "2", "--json", "-q", "--min-top1", "0.9",
+                               "--max-kl", "0.01")  # fmt: skip
     assert code == 9, err  # QualityError, after the report was printed
-    doc = json.loads(out)
     c = doc["causal_lm"]
     assert c["top1_agreement"] < 0.5 and c["kl_mean"] > 0.1 and c["greedy"]["identical"] < 3
+    # The source side is the same model on the same prompts as in the good run.
+    assert c["perplexity_source"] == good_run[1]["causal_lm"]["perplexity_source"]
+    assert c["perplexity_artifact"] != c["perplexity_source"]
     assert doc["thresholds"] == {"min_top1": 0.9, "max_kl": 0.01, "min_cosine": None}
     assert len(doc["failures"]) == 2 and "below --min-top1 0.9" in err
 

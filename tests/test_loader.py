@@ -305,7 +305,16 @@ def test_concat_pieces_are_split_with_the_recorded_sizes_and_order(tmp_path: Pat
         assert list(sd) == ["b", "a"]
         assert np.array_equal(_words(sd["b"]), words[:1])
         assert np.array_equal(_words(sd["a"]), words[1:])
-    prov["sources"][1]["shape"] = [2, 6]  # sizes that do not add up to the stored rows
+    # A negative axis counts from the end, as in numpy: columns 0..1 and 2..5.
+    prov["sources"] = [
+        {"name": "left", "dtype": "BF16", "shape": [4, 2], "file": "f"},
+        {"name": "right", "dtype": "BF16", "shape": [4, 4], "file": "f"},
+    ]
+    prov["transforms"] = [{"op": "concat", "axis": -1}]
+    with load_state_dict(_write_one(tmp_path / "n", prov), dtype=torch.bfloat16) as sd:
+        assert np.array_equal(_words(sd["left"]), words[:, :2])
+        assert np.array_equal(_words(sd["right"]), words[:, 2:])
+    prov["sources"][1]["shape"] = [4, 3]  # sizes that do not add up to the stored columns
     with pytest.raises(ArtifactError, match="give shape"):
         load_state_dict(_write_one(tmp_path / "d", prov))
 
