@@ -42,7 +42,7 @@ from .container.reader import TensorInfo
 from .dequant import dequantize_logical
 from .errors import ArtifactError, UsageError
 from .formats import lookup_format
-from .logical import DirectWords
+from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["ArtifactStateDict", "load_state_dict"]
 
 Names = Literal["source", "artifact"]
+_BLOCK_ELEMENTS = 1 << 22
+"""Elements reconstructed per row block (16 MiB of float32)."""
 
 
 @dataclass(frozen=True)
@@ -273,10 +275,28 @@ def decode_tensor(artifact: Artifact, name: str, dtype: torch.dtype) -> torch.Te
             return bf16 if dtype == torch.bfloat16 else bf16.to(torch.float32)
         f32 = torch.from_numpy(words.astype(np.uint32, copy=False).view(np.float32).copy())
         return f32 if dtype == torch.float32 else f32.to(dtype)
-    values = dequantize_logical(fmt, logical)
+    # Quantized formats are 2-D [N, K]: reconstruct row blocks into one float32 output so the
+    # temporaries (per-element scales, widened codes) stay a block, not a tensor, in size.
+    n, k = info.shape
+    out = np.empty((n, k), dtype=np.float32)
+    step = max(1, _BLOCK_ELEMENTS // max(k, 1))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        out[r0:r1] = dequantize_logical(fmt, _rows(logical, r0, r1))
     del logical
-    t = torch.from_numpy(np.require(values, requirements="C"))
+    t = torch.from_numpy(out)
     return t if dtype == torch.float32 else t.to(dtype)
+
+
+def _rows(logical: LogicalTensor, r0: int, r1: int) -> LogicalTensor:
+    """Rows [r0, r1) of a quantized logical tensor (views, no copy)."""
+    if isinstance(logical, GroupedCodes):
+        return GroupedCodes(logical.codes[r0:r1], logical.scales[r0:r1])
+    if isinstance(logical, NVFP4Words):
+        return NVFP4Words(logical.codes[r0:r1], logical.scales[r0:r1], logical.divisor)
+    if isinstance(logical, FP8RowWords):
+        return FP8RowWords(logical.codes[r0:r1], logical.scales[r0:r1])
+    raise UsageError(f"{type(logical).__name__} has no rows")  # pragma: no cover
 
 
 def load_state_dict(

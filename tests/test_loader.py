@@ -170,9 +170,15 @@ def _check_value(fmt: str, logical: Any, value: torch.Tensor, dtype: torch.dtype
         assert np.array_equal(_words(value)[finite], want[finite])
 
 
+@pytest.mark.parametrize("block", [None, 70], ids=["one-block", "row-blocks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_every_format_reconstructs_bit_exactly(tmp_path: Path, dtype: torch.dtype) -> None:
-    """All nine formats, words over their whole legal range (NaN payloads, -0, subnormals)."""
+def test_every_format_reconstructs_bit_exactly(
+    tmp_path: Path, dtype: torch.dtype, block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All nine formats, words over their whole legal range (NaN payloads, -0, subnormals);
+    also reconstructed in row blocks (70 elements: one or two rows, partial last block)."""
+    if block is not None:
+        monkeypatch.setattr(loader_mod, "_BLOCK_ELEMENTS", block)
     out = write_small(tmp_path / "a", ALL_FORMATS)
     with open_artifact(out) as art, load_state_dict(art, names="artifact", dtype=dtype) as sd:
         assert list(sd) == [f"t.{f}" for f in ALL_FORMATS]
