@@ -92,14 +92,16 @@ class CausalMetrics:
     """Mean over prompts of (common prefix length / continuation length)."""
 
     def to_dict(self) -> dict[str, Any]:
+        src, art = self.perplexity_source, self.perplexity_artifact
+        change = art / src - 1.0 if math.isfinite(src) and math.isfinite(art) and src else None
         return {
             "positions": self.positions,
             "top1_agreement": self.top1_agreement,
-            "kl_mean": self.kl_mean,
-            "kl_max": self.kl_max,
-            "perplexity_source": self.perplexity_source,
-            "perplexity_artifact": self.perplexity_artifact,
-            "perplexity_change": self.perplexity_artifact / self.perplexity_source - 1.0,
+            "kl_mean": _json_number(self.kl_mean),
+            "kl_max": _json_number(self.kl_max),
+            "perplexity_source": _json_number(src),
+            "perplexity_artifact": _json_number(art),
+            "perplexity_change": _json_number(change),
             "greedy": {
                 "prompts": self.greedy_prompts,
                 "identical": self.greedy_identical,
@@ -119,8 +121,8 @@ class EncoderMetrics:
     def to_dict(self) -> dict[str, Any]:
         return {
             "pooling": self.pooling,
-            "cosine_min": self.cosine_min,
-            "cosine_mean": self.cosine_mean,
+            "cosine_min": _json_number(self.cosine_min),
+            "cosine_mean": _json_number(self.cosine_mean),
             "nearest_neighbour_agreement": self.nearest_neighbour_agreement,
         }
 
@@ -421,12 +423,24 @@ def _causal_metrics(ids: list[list[int]], src: _CausalRun, art: _CausalRun) -> C
         top1_agreement=agree / positions,
         kl_mean=kl_sum / positions,
         kl_max=kl_max,
-        perplexity_source=math.exp(nll_src / targets),
-        perplexity_artifact=math.exp(nll_art / targets),
+        perplexity_source=_exp(nll_src / targets),
+        perplexity_artifact=_exp(nll_art / targets),
         greedy_prompts=len(src.continuations),
         greedy_identical=identical,
         greedy_token_agreement=float(np.mean(fractions)) if fractions else 1.0,
     )
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _json_number(x: float | None) -> float | None:
+    """JSON has no NaN or infinity: a non-finite metric (NaN weights, overflow) is null."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _pooling(source_dir: Path | None) -> str:

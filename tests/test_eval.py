@@ -8,6 +8,7 @@ import builtins
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,12 @@ from ninfer_convert.cli import main
 from ninfer_convert.container import ArtifactWriter, open_artifact
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.errors import ArtifactError, UsageError
-from ninfer_convert.evaluate import default_prompts, evaluate_artifact, threshold_failures
+from ninfer_convert.evaluate import (
+    CausalMetrics,
+    default_prompts,
+    evaluate_artifact,
+    threshold_failures,
+)
 from ninfer_convert.layouts import lookup_layout
 from ninfer_convert.logical import DirectWords
 
@@ -203,3 +209,15 @@ def test_encoder_models_report_cosine_and_neighbours(tmp_path: Path) -> None:
 def test_default_prompts_are_packaged() -> None:
     prompts = default_prompts()
     assert len(prompts) >= 8 and not any(p.startswith("#") for p in prompts)
+
+
+def test_non_finite_metrics_are_null_in_json() -> None:
+    c = CausalMetrics(
+        positions=3, top1_agreement=0.0, kl_mean=math.nan, kl_max=math.inf,
+        perplexity_source=10.0, perplexity_artifact=math.inf, greedy_prompts=1,
+        greedy_identical=0, greedy_token_agreement=0.0,
+    )  # fmt: skip
+    doc = json.loads(json.dumps(c.to_dict(), allow_nan=False))
+    assert doc["kl_mean"] is None and doc["kl_max"] is None
+    assert doc["perplexity_artifact"] is None and doc["perplexity_change"] is None
+    assert doc["perplexity_source"] == 10.0

@@ -8,6 +8,7 @@ after the report has been printed.  Exit 0 otherwise, whatever the numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -140,11 +141,9 @@ def command(
     )
     failures = threshold_failures(report, min_top1=min_top1, max_kl=max_kl, min_cosine=min_cosine)
     thresholds = {"min_top1": min_top1, "max_kl": max_kl, "min_cosine": min_cosine}
-    report = EvalReport(
-        **{**report.__dict__, "thresholds": thresholds, "failures": tuple(failures)}
-    )
+    report = dataclasses.replace(report, thresholds=thresholds, failures=tuple(failures))
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
         render_report(report)
     if failures:
