@@ -326,10 +326,8 @@ class _Tokens:
     how: str
 
 
-def _tokenize(
-    transformers: Any, source_dir: Path | None, prompts: list[str], vocab: int
-) -> _Tokens:
-    has_tok = source_dir is not None and any((source_dir / f).is_file() for f in _TOKENIZER_FILES)
+def _tokenize(transformers: Any, source_dir: Path, prompts: list[str], vocab: int) -> _Tokens:
+    has_tok = any((source_dir / f).is_file() for f in _TOKENIZER_FILES)
     if has_tok:
         tok = transformers.AutoTokenizer.from_pretrained(str(source_dir))
         ids = [list(tok(p)["input_ids"]) for p in prompts]
@@ -592,9 +590,23 @@ def evaluate_artifact(
 
         if device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda was requested but torch sees no CUDA device")
-        src_dir = Path(src_path) if Path(src_path).is_dir() else None
-        cfg_path = src_dir / "config.json" if src_dir is not None else None
-        config = _read_config(cfg_path) if cfg_path is not None else None
+        src_dir = Path(src_path)
+        if not src_dir.is_dir():
+            raise UsageError(
+                "ninfer eval runs the source with transformers, which needs a model directory "
+                "(config.json and weights), not a single file",
+                path=src_path,
+                hint="pass the model directory with --source, or use --sqnr-only",
+            )
+        config = _read_config(src_dir / "config.json")
+        if config is not None and "quantization_config" in config:
+            raise UsageError(
+                "the source is itself quantized (config.json has a quantization_config); eval "
+                "compares an artifact with a dense source model",
+                path=src_path,
+                hint="compare against the dense checkpoint the quantized one was made from, or "
+                "use --sqnr-only (copied words are checked bit for bit by ninfer verify)",
+            )
         cls, kind = _model_class(transformers, config, src_path)
         say(f"loading the source into {cls.__name__}")
         model = cls.from_pretrained(src_path, dtype=torch.float32).to(device).eval()

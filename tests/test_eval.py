@@ -221,3 +221,19 @@ def test_non_finite_metrics_are_null_in_json() -> None:
     assert doc["kl_mean"] is None and doc["kl_max"] is None
     assert doc["perplexity_artifact"] is None and doc["perplexity_change"] is None
     assert doc["perplexity_source"] == 10.0
+
+
+def test_a_quantized_source_is_refused_but_sqnr_only_runs(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    nvfp4 = ROOT / "examples" / "tiny-qwen3.5-nvfp4"
+    convert_checkpoint(
+        nvfp4, ROOT / "recipes" / "qwen3.6-27b-nvfp4.yaml", tmp_path / "o", device="cpu", jobs=1
+    )
+    with pytest.raises(UsageError, match="itself quantized"):
+        evaluate_artifact(tmp_path / "o", prompts=PROMPTS, max_tokens=1)
+    r = evaluate_artifact(tmp_path / "o", sqnr=True, run_model=False)
+    assert r.sqnr is not None
+    names = {t.name for t in r.sqnr}
+    # Copied NVFP4 weights have no source values (their source is an encoding): left out.
+    assert "model.language_model.layers.0.mlp.down_proj.weight" not in names
+    assert all(t.exact for t in r.sqnr if t.format in ("BF16", "FP32"))
