@@ -34,7 +34,13 @@ def _register() -> None:
     from . import convert_cmd, eval_cmd, formats_cmd, inspect_cmd, recipes_cmd, sign_cmd, verify_cmd
 
     for module in (
-        convert_cmd, verify_cmd, inspect_cmd, formats_cmd, recipes_cmd, sign_cmd, eval_cmd
+        convert_cmd,
+        verify_cmd,
+        inspect_cmd,
+        formats_cmd,
+        recipes_cmd,
+        sign_cmd,
+        eval_cmd,
     ):
         cli.add_command(module.command)
 
