@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from .container import Artifact, open_artifact
 from .container.reader import TensorInfo
@@ -267,13 +268,13 @@ def decode_tensor(artifact: Artifact, name: str, dtype: torch.dtype) -> torch.Te
     if isinstance(logical, DirectWords) and fmt.name in ("BF16", "FP32", "I32"):
         words = np.require(logical.words, requirements="C")  # keeps 0-d tensors 0-d
         if fmt.name == "I32":
-            return torch.from_numpy(words.astype(np.int32, copy=False).copy())
+            return torch.from_numpy(_writable(words.astype(np.int32, copy=False)))
         if fmt.name == "BF16":
-            bf16 = torch.from_numpy(words.astype(np.uint16, copy=False).view(np.int16).copy())
+            bf16 = torch.from_numpy(_writable(words.astype(np.uint16, copy=False).view(np.int16)))
             bf16 = bf16.view(torch.bfloat16)
             # BF16 -> binary32 is exact (the word becomes the high half).
             return bf16 if dtype == torch.bfloat16 else bf16.to(torch.float32)
-        f32 = torch.from_numpy(words.astype(np.uint32, copy=False).view(np.float32).copy())
+        f32 = torch.from_numpy(_writable(words.astype(np.uint32, copy=False).view(np.float32)))
         return f32 if dtype == torch.float32 else f32.to(dtype)
     # Quantized formats are 2-D [N, K]: reconstruct row blocks into one float32 output so the
     # temporaries (per-element scales, widened codes) stay a block, not a tensor, in size.
@@ -286,6 +287,11 @@ def decode_tensor(artifact: Artifact, name: str, dtype: torch.dtype) -> torch.Te
     del logical
     t = torch.from_numpy(out)
     return t if dtype == torch.float32 else t.to(dtype)
+
+
+def _writable(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``a`` itself when torch may share it (the reader's arrays are fresh), else a copy."""
+    return a if a.flags.writeable else a.copy()
 
 
 def _rows(logical: LogicalTensor, r0: int, r1: int) -> LogicalTensor:
