@@ -4,13 +4,15 @@ Contract (docs/cli.md, "ninfer eval"):
 
 * One transformers model of the class the source's ``config.json`` names
   (``architectures[0]``) is loaded from the source with transformers' own ``from_pretrained``
-  in float32 and run on the prompts; then every parameter and persistent buffer is overwritten,
-  one tensor at a time, from :func:`~ninfer_convert.loader.load_state_dict` (``names="source"``,
-  float32) and the same prompts are run again.  Only one model is ever in memory.  A model
-  tensor the artifact does not provide (other than one tied to a provided tensor), or one whose
-  shape differs, is an :class:`~ninfer_convert.errors.ArtifactError`: a partly overwritten
-  model would compare the source with itself.  Artifact tensors the model has no place for
-  are listed in the report (``unused_tensors``), not compared.
+  in float32 (or bfloat16 on request: half the memory, but quantized reconstructions are then
+  rounded to bfloat16) and run on the prompts; then every parameter and persistent buffer is
+  overwritten, one tensor at a time, from :func:`~ninfer_convert.loader.load_state_dict`
+  (``names="source"``, float32, cast to the model's dtype) and the same prompts are run
+  again.  Only one model is ever in memory.  A model tensor the artifact does not provide
+  (other than one tied to a provided tensor), or one whose shape differs, is an
+  :class:`~ninfer_convert.errors.ArtifactError`: a partly overwritten model would compare the
+  source with itself.  Artifact tensors the model has no place for are listed in the report
+  (``unused_tensors``), not compared.
 * Causal LMs (``...ForCausalLM``, ``...ForConditionalGeneration``, ``...LMHeadModel``): at every
   prompt position, top-1 agreement of the next-token argmax and KL(source || artifact) of the
   next-token distributions (float64 log-softmax of float32 logits); perplexity of each model on
@@ -157,6 +159,8 @@ class EvalReport:
     kind: Kind | None
     tokenizer: str | None
     device: str
+    dtype: str
+    """The model's compute dtype (``float32`` or ``bfloat16``)."""
     prompts_origin: str
     prompts: int
     prompt_tokens: int
@@ -184,6 +188,7 @@ class EvalReport:
             "source": self.source,
             "model": {"class": self.model_class, "kind": self.kind, "tokenizer": self.tokenizer},
             "device": self.device,
+            "dtype": self.dtype,
             "prompts": {
                 "origin": self.prompts_origin,
                 "count": self.prompts,
@@ -545,6 +550,7 @@ def evaluate_artifact(
     prompts_origin: str | None = None,
     max_tokens: int = 16,
     device: str = "cpu",
+    dtype: str = "float32",
     sqnr: bool = False,
     run_model: bool = True,
     progress: Progress | None = None,
@@ -555,6 +561,8 @@ def evaluate_artifact(
         raise UsageError(f"--max-tokens must be a positive integer, not {max_tokens!r}")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {device!r}", hint="use cpu or cuda")
+    if dtype not in ("float32", "bfloat16"):
+        raise UsageError(f"unknown model dtype {dtype!r}", hint="use float32 or bfloat16")
     if not run_model and not sqnr:
         raise UsageError("nothing to do: the model run is off and SQNR was not asked for")
     say = progress or (lambda _msg: None)
@@ -570,11 +578,12 @@ def evaluate_artifact(
             )
         plist = list(prompts) if prompts is not None else default_prompts()
         origin = prompts_origin or ("default" if prompts is None else "argument")
-        weights = load_state_dict(art, names="source", dtype=None)
+        weights = load_state_dict(art, names="source", dtype=None)  # float32; cast on copy
         report_kw: dict[str, Any] = {
             "artifact": str(artifact),
             "source": src_path,
             "device": device,
+            "dtype": dtype,
             "prompts_origin": origin,
             "prompts": len(plist),
             "max_tokens": max_tokens,
@@ -609,7 +618,8 @@ def evaluate_artifact(
             )
         cls, kind = _model_class(transformers, config, src_path)
         say(f"loading the source into {cls.__name__}")
-        model = cls.from_pretrained(src_path, dtype=torch.float32).to(device).eval()
+        model_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        model = cls.from_pretrained(src_path, dtype=model_dtype).to(device).eval()
         vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
         toks = _tokenize(transformers, src_dir, plist, vocab)
         report_kw.update(

@@ -114,6 +114,7 @@ def test_identical_weights_give_kl_exactly_zero(
     assert c["perplexity_artifact"] == c["perplexity_source"] and c["perplexity_change"] == 0.0
     assert c["greedy"] == {"prompts": 3, "identical": 3, "token_agreement": 1.0}
     assert doc["encoder"] is None and doc["sqnr"] is None and doc["failures"] == []
+    assert doc["dtype"] == "float32" and doc["device"] == "cpu"
     # transformers has no MTP module: those 15 tensors are listed, not compared.
     assert len(doc["unused_tensors"]) == 15
     assert all(k.startswith("mtp.") for k in doc["unused_tensors"])
@@ -237,3 +238,11 @@ def test_a_quantized_source_is_refused_but_sqnr_only_runs(tmp_path: Path) -> Non
     # Copied NVFP4 weights have no source values (their source is an encoding): left out.
     assert "model.language_model.layers.0.mlp.down_proj.weight" not in names
     assert all(t.exact for t in r.sqnr if t.format in ("BF16", "FP32"))
+
+
+def test_bfloat16_compute_keeps_identical_weights_identical(artifacts: dict[str, Path]) -> None:
+    r = evaluate_artifact(artifacts["good"], prompts=PROMPTS[:2], max_tokens=1, dtype="bfloat16")
+    assert r.dtype == "bfloat16" and r.causal is not None
+    assert r.causal.kl_max == 0.0 and r.causal.top1_agreement == 1.0
+    with pytest.raises(UsageError, match="unknown model dtype"):
+        evaluate_artifact(artifacts["good"], dtype="float16")

@@ -34,7 +34,7 @@ def render_report(report: EvalReport, *, max_sqnr: int = 15) -> None:
         + (f": {report.model_class} ({report.kind})" if report.model_class else "")
         + (
             f", {report.prompts} prompts ({report.prompts_origin}), {report.prompt_tokens} "
-            f"tokens ({report.tokenizer}), device {report.device}"
+            f"tokens ({report.tokenizer}), device {report.device}, {report.dtype}"
             if report.kind
             else ""
         )
@@ -92,6 +92,10 @@ def render_report(report: EvalReport, *, max_sqnr: int = 15) -> None:
               help="Length of each greedy continuation (causal LMs).")  # fmt: skip
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the model runs.")  # fmt: skip
+@click.option("--dtype", "model_dtype", type=click.Choice(["float32", "bfloat16"]),
+              default="float32", show_default=True,
+              help="Model compute dtype. bfloat16 halves the memory but rounds the artifact's "
+              "reconstructed values to bfloat16.")  # fmt: skip
 @click.option("--sqnr", is_flag=True, help="Also report per-tensor SQNR against the source.")
 @click.option("--sqnr-only", is_flag=True,
               help="Only per-tensor SQNR: no model run, no transformers needed.")  # fmt: skip
@@ -109,6 +113,7 @@ def command(
     prompts_file: str | None,
     max_tokens: int,
     device: str,
+    model_dtype: str,
     sqnr: bool,
     sqnr_only: bool,
     min_top1: float | None,
@@ -135,6 +140,7 @@ def command(
         prompts_origin=prompts_file,
         max_tokens=max_tokens,
         device=device,
+        dtype=model_dtype,
         sqnr=sqnr or sqnr_only,
         run_model=not sqnr_only,
         progress=progress,
