@@ -54,6 +54,7 @@ from .container import Artifact, open_artifact
 from .errors import ArtifactError, SourceError, UsageError
 from .loader import ArtifactStateDict, load_state_dict
 from .source import open_source
+from .verify import check_artifact_path
 from .words import bf16_to_f32_words, f16_to_f32_words
 
 if TYPE_CHECKING:
@@ -566,7 +567,7 @@ def evaluate_artifact(
     if not run_model and not sqnr:
         raise UsageError("nothing to do: the model run is off and SQNR was not asked for")
     say = progress or (lambda _msg: None)
-    art = open_artifact(artifact)
+    art = open_artifact(check_artifact_path(artifact))  # a missing path is exit 2, as for verify
     try:
         recorded = str(art.meta.source.path)
         src_path = str(source) if source is not None else recorded

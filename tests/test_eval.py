@@ -246,3 +246,8 @@ def test_bfloat16_compute_keeps_identical_weights_identical(artifacts: dict[str,
     assert r.causal.kl_max == 0.0 and r.causal.top1_agreement == 1.0
     with pytest.raises(UsageError, match="unknown model dtype"):
         evaluate_artifact(artifacts["good"], dtype="float16")
+
+
+def test_a_missing_artifact_path_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such file"):
+        evaluate_artifact(tmp_path / "nothing", sqnr=True, run_model=False)
