@@ -67,6 +67,7 @@ __all__ = [
     "TensorSqnr",
     "default_prompts",
     "evaluate_artifact",
+    "load_artifact_into",
     "read_prompts",
     "threshold_failures",
 ]

@@ -23,8 +23,8 @@ Contract (docs/cli.md, "Loading an artifact in Python"; docs/container.md sectio
 * Tensors the recipe skipped are not in the artifact and so not in the mapping.
 
 ``torch.nn.Module.load_state_dict`` copies the mapping into a dict first, so with it every value
-is decoded at once; load into a model on the ``meta`` device with ``assign=True`` to hold one
-copy of the weights, or copy parameter by parameter from the mapping to hold one tensor extra.
+is decoded at once; :func:`ninfer_convert.evaluate.load_artifact_into` copies tensor by tensor
+into an allocated model instead, holding one tensor extra.
 """
 
 from __future__ import annotations
