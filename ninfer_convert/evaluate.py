@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .container import Artifact, open_artifact
-from .errors import ArtifactError, SourceError, UsageError
+from .errors import ArtifactError, ResourceError, SourceError, UsageError
 from .loader import ArtifactStateDict, load_state_dict
 from .source import open_source
 from .verify import check_artifact_path
@@ -557,7 +557,42 @@ def evaluate_artifact(
     run_model: bool = True,
     progress: Progress | None = None,
 ) -> EvalReport:
-    """Compare ``artifact`` with its source (the recorded path unless ``source`` is given)."""
+    """Compare ``artifact`` with its source (the recorded path unless ``source`` is given).
+
+    Running out of host or device memory is a :class:`ResourceError` (exit 7), not a crash."""
+    try:
+        return _evaluate(
+            artifact, source=source, prompts=prompts, prompts_origin=prompts_origin,
+            max_tokens=max_tokens, device=device, dtype=dtype, sqnr=sqnr, run_model=run_model,
+            progress=progress,
+        )  # fmt: skip
+    except MemoryError:
+        raise ResourceError(
+            "out of host memory while evaluating", path=str(artifact),
+            hint="use --dtype bfloat16, fewer or shorter prompts, or a machine with more memory",
+        ) from None  # fmt: skip
+    except RuntimeError as exc:
+        if "out of memory" not in str(exc).lower():
+            raise
+        raise ResourceError(
+            f"out of memory while evaluating ({str(exc).splitlines()[0]})", path=str(artifact),
+            hint="use --dtype bfloat16, --device cpu, or fewer or shorter prompts",
+        ) from None  # fmt: skip
+
+
+def _evaluate(
+    artifact: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None,
+    prompts: Iterable[str] | None,
+    prompts_origin: str | None,
+    max_tokens: int,
+    device: str,
+    dtype: str,
+    sqnr: bool,
+    run_model: bool,
+    progress: Progress | None,
+) -> EvalReport:
     started = time.perf_counter()
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise UsageError(f"--max-tokens must be a positive integer, not {max_tokens!r}")
@@ -622,8 +657,18 @@ def evaluate_artifact(
         say(f"loading the source into {cls.__name__}")
         model_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
         model = cls.from_pretrained(src_path, dtype=model_dtype).to(device).eval()
-        vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
+        text_config = model.config.get_text_config()
+        vocab = int(getattr(text_config, "vocab_size", 0) or 0)
         toks = _tokenize(transformers, src_dir, plist, vocab)
+        longest = max(len(x) for x in toks.ids) + (max_tokens if kind == "causal-lm" else 0)
+        limit = getattr(text_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and longest > limit:
+            raise UsageError(
+                f"the longest prompt needs {longest} positions (with the continuation), the "
+                f"model has {limit}",
+                path=src_path,
+                hint="use shorter prompts or a smaller --max-tokens",
+            )
         report_kw.update(
             model_class=cls.__name__,
             kind=kind,

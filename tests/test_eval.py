@@ -18,7 +18,7 @@ import pytest
 from ninfer_convert.cli import main
 from ninfer_convert.container import ArtifactWriter, open_artifact
 from ninfer_convert.convert import convert_checkpoint
-from ninfer_convert.errors import ArtifactError, UsageError
+from ninfer_convert.errors import ArtifactError, ResourceError, UsageError
 from ninfer_convert.evaluate import (
     CausalMetrics,
     default_prompts,
@@ -251,3 +251,21 @@ def test_bfloat16_compute_keeps_identical_weights_identical(artifacts: dict[str,
 def test_a_missing_artifact_path_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such file"):
         evaluate_artifact(tmp_path / "nothing", sqnr=True, run_model=False)
+
+
+def test_a_prompt_longer_than_the_model_is_a_usage_error(artifacts: dict[str, Path]) -> None:
+    with pytest.raises(UsageError, match=r"needs 302 positions .* the model has 256"):
+        evaluate_artifact(artifacts["good"], prompts=["x" * 300], max_tokens=2)
+
+
+def test_running_out_of_memory_is_a_resource_error(
+    artifacts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ninfer_convert.evaluate as ev
+
+    def oom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(ev, "_evaluate", oom)
+    with pytest.raises(ResourceError, match="out of memory"):
+        evaluate_artifact(artifacts["good"])
