@@ -13,14 +13,19 @@ Contract:
   while the calling thread writes them in plan order, so the artifact is byte-identical for any
   ``jobs`` and device.  Work in flight is bounded by source bytes (at most the largest tensor's
   bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
-  model.  Everything is staged by :class:`~.container.ArtifactWriter` and renamed into place
-  only when complete; a failure or Ctrl-C leaves nothing under the output name.
+  model.  Everything is staged by :class:`~.container.ArtifactWriter` and published only when
+  complete; a failure, Ctrl-C, SIGTERM or SIGHUP leaves the output name as it was.  Before any
+  source byte is read the output is locked, stale staging folders of dead runs are restored or
+  removed (``on_notice`` gets one line each), the destination is checked (what ``force`` may
+  replace, never the source) and the free space is compared with the plan's exact size.
+* :func:`check_output` makes the same destination, permission and free-space checks without
+  writing anything (``convert --dry-run``).
 * The model directory gets the source's side files (but the source's own ``model.sig``, which
   signs the source's files, not the artifact's) and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
   own README.md is kept as SOURCE_README.md); a name clash is refused before any tensor is read.
 * With ``signer`` (:mod:`.signing`), the complete staging directory is signed as the last step
-  before that rename, so a published artifact is never unsigned when a key was given.
+  before it is published, so a published artifact is never unsigned when a key was given.
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.
@@ -46,6 +51,13 @@ import numpy.typing as npt
 from . import __version__
 from .card import README_NAME, SOURCE_README_NAME, add_text_file, render_readme, side_file_names
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
+from .container.publish import (
+    Destination,
+    check_destination,
+    check_free_space,
+    check_writable,
+)
+from .container.writer import planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
@@ -56,14 +68,16 @@ from .logical import GroupedCodes, LogicalTensor
 from .readahead import ReadAheadWindow
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
-from .source import SourceCheckpoint, open_source
+from .source import SideFileSource, SourceCheckpoint, open_source
 from .validate import validate_logical
 
 __all__ = [
     "ConvertReport",
     "DerivedTensor",
+    "OutputCheck",
     "PackedTensor",
     "ProgressEvent",
+    "check_output",
     "convert_checkpoint",
     "derive_logical",
     "derive_packed",
@@ -113,6 +127,8 @@ class ConvertReport:
     elapsed_s: float
     spot_checked_rows: int = 0
     signature: SignatureStatus | None = None
+    notices: tuple[str, ...] = ()
+    """Stale staging folders restored or removed, remains kept (one line each)."""
 
     def to_dict(self) -> dict[str, Any]:
         plan = self.plan.to_dict()
@@ -135,6 +151,23 @@ class ConvertReport:
             "spot_checked_rows": self.spot_checked_rows,
             "warnings": plan["warnings"],
             "signature": None if self.signature is None else self.signature.to_json(),
+            "notices": list(self.notices),
+        }
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """What writing the plan to an output would do (``convert --dry-run --output``)."""
+
+    destination: Destination
+    needed_bytes: int
+    free_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.destination.to_dict(),
+            "needed_bytes": self.needed_bytes,
+            "free_bytes": self.free_bytes,
         }
 
 
@@ -266,6 +299,96 @@ def _metadata(
     }
 
 
+# Files convert makes beside the artifact that its header does not list: --force replaces them.
+_COMPANIONS = (SIGNATURE_NAME,)
+
+
+def _source_paths(src: SourceCheckpoint) -> list[Path]:
+    """Every path of the source an output must not be, contain or lie inside."""
+    files = [src.file_path(n) for n, _ in src.files] + [f.path for f in src.side_files]
+    if src.kind != "safetensors-file" and files:
+        files.insert(0, files[0].parent)
+    return files
+
+
+# Room left for a signature (model.sig, written after the plan): a Sigstore bundle is a few KB
+# plus about 150 bytes per file it lists; generous, since its exact size is known only then.
+_SIGNATURE_ALLOWANCE = 64 << 10
+_SIGNATURE_PER_FILE = 512
+
+
+def _copied_side_files(plan: Plan, src: SourceCheckpoint) -> list[tuple[SideFileSource, str]]:
+    """(source file, name in the model directory) of every side file convert copies."""
+    # A signed source's model.sig covers the source's files, not the artifact's: copied, it
+    # would pass for the artifact's signature (and 'sign --force' would change a side file).
+    return [
+        (path, name)
+        for path, name in side_file_names(plan, src.side_files)
+        if name != SIGNATURE_NAME
+    ]
+
+
+def _card_text(
+    plan: Plan, src: SourceCheckpoint, side_files: list[tuple[SideFileSource, str]]
+) -> str | None:
+    """The generated README.md, or None when the recipe turns it off."""
+    if not plan.recipe.output.readme:
+        return None
+    kept = any(name == SOURCE_README_NAME for _, name in side_files)
+    return render_readme(plan, src.config, kept_source_card=kept)
+
+
+def planned_output_bytes(
+    plan: Plan,
+    src: SourceCheckpoint,
+    *,
+    alignment: int,
+    max_shard_size: int | None,
+    signed: bool = False,
+) -> int:
+    """The exact size of the model directory convert writes for ``plan`` (shards, index, side
+    files, the generated card), plus an allowance for the signature when ``signed``."""
+    digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
+    placeholder = {name: "xxh3-128:" + "0" * 32 for name in digested}
+    side_files = _copied_side_files(plan, src)
+    sizes = [(name, source.size) for source, name in side_files]
+    card = _card_text(plan, src, side_files)
+    if card is not None:
+        sizes.append((README_NAME, len(card.encode("utf-8"))))
+    total = planned_size(
+        ((e.output, e.format, e.shape, e.role, provenance_of(e)) for e in plan.entries),
+        metadata=_metadata(plan, src, placeholder, alignment),
+        side_files=sizes,
+        alignment=alignment,
+        max_shard_size=max_shard_size,
+    )
+    if signed:
+        total += _SIGNATURE_ALLOWANCE + _SIGNATURE_PER_FILE * (len(sizes) + len(plan.entries))
+    return total
+
+
+def check_output(
+    src: SourceCheckpoint,
+    plan: Plan,
+    output: str | Path,
+    *,
+    force: bool = False,
+    alignment: int = DEFAULT_ALIGNMENT,
+    max_shard_size: int | None = None,
+    signed: bool = False,
+) -> OutputCheck:
+    """The destination, permission and free-space checks of :func:`convert_checkpoint`, with
+    nothing written (no lock is taken, so a concurrent run may change the answer)."""
+    out = Path(output).absolute()
+    dest = check_destination(out, force=force, sources=_source_paths(src), companions=_COMPANIONS)
+    check_writable(out)
+    needed = planned_output_bytes(
+        plan, src, alignment=alignment, max_shard_size=max_shard_size, signed=signed
+    )
+    free = check_free_space(out.parent, needed)
+    return OutputCheck(dest, needed, free)
+
+
 # ---------------------------------------------------------------------------------------------
 # the streaming pipeline
 
@@ -393,6 +516,7 @@ def convert_checkpoint(
     alignment: int = DEFAULT_ALIGNMENT,
     progress: Callable[[ProgressEvent], None] | None = None,
     signer: Signer | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> ConvertReport:
     """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
     ``signer`` just before it is published, when given)."""
@@ -401,13 +525,7 @@ def convert_checkpoint(
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
     src, plan = plan_conversion(source, recipe, check_identity=check_identity)
-    # A signed source's model.sig covers the source's files, not the artifact's: copied, it
-    # would pass for the artifact's signature (and 'sign --force' would change a side file).
-    side_files = [
-        (path, name)
-        for path, name in side_file_names(plan, src.side_files)  # refuses a clash before reading
-        if name != SIGNATURE_NAME
-    ]
+    side_files = _copied_side_files(plan, src)  # refuses a clash before reading
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
     used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
@@ -433,13 +551,24 @@ def convert_checkpoint(
 
     metadata = _metadata(plan, src, {}, alignment)
     cancel = threading.Event()
-    with ArtifactWriter(
+    writer = ArtifactWriter(
         output,
         metadata=metadata,
         alignment=alignment,
         max_shard_size=max_shard_size,
         overwrite=force,
-    ) as writer:
+        sources=_source_paths(src),
+        companions=_COMPANIONS,
+        expected_bytes=planned_output_bytes(
+            plan,
+            src,
+            alignment=alignment,
+            max_shard_size=max_shard_size,
+            signed=signer is not None,
+        ),
+        on_notice=on_notice,
+    )
+    with writer:
         emit(None, 0)
         written = 0
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-encode") as pool:
@@ -484,11 +613,9 @@ def convert_checkpoint(
             digests[skipped.name] = src.read(skipped.name).digest
         for path, name in side_files:
             writer.add_file(path, name)
-        if plan.recipe.output.readme:
-            kept = any(name == SOURCE_README_NAME for _, name in side_files)
-            add_text_file(
-                writer, README_NAME, render_readme(plan, src.config, kept_source_card=kept)
-            )
+        card = _card_text(plan, src, side_files)  # the text the size check counted
+        if card is not None:
+            add_text_file(writer, README_NAME, card)
         writer.set_metadata(_metadata(plan, src, digests, alignment))
         signed: list[SignatureStatus] = []
 
@@ -511,6 +638,7 @@ def convert_checkpoint(
         spot_checked_rows=spot_rows,
         # The signature was written in the staging directory, now renamed to ``out``.
         signature=replace(signed[0], path=str(Path(out) / SIGNATURE_NAME)) if signed else None,
+        notices=tuple(writer.notes),
     )
 
 

@@ -4,17 +4,30 @@ Contract: each command parses options, calls one library function and renders it
 rich (or as JSON with ``--json``).  Every :class:`~ninfer_convert.errors.NinferError` becomes a
 one-paragraph message on stderr and the exit code of its class (docs/cli.md); a traceback is
 shown only with ``--debug``.  Click's own usage errors exit with 2, like :class:`UsageError`.
+An ``OSError`` of the machine (no space, quota, permission, read-only) that reaches here is a
+:class:`ResourceError` (exit 7), never a traceback.
+
+While :func:`main` runs, SIGINT, SIGTERM and SIGHUP raise
+:class:`~ninfer_convert.container.publish.Interrupted`: the writer removes its staging area
+(or, when the signal came during the publish, finishes it) and the process exits with 128+signal
+after one line saying what was (not) written.
 """
 
 from __future__ import annotations
 
+import errno
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
 
 import click
 
 from .. import __version__
+from ..container.publish import Interrupted, resource_error
 from ..errors import NinferError, UsageError
 
 __all__ = ["cli", "main"]
@@ -48,10 +61,57 @@ def _register() -> None:
 _register()
 
 
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted inside the block (main thread only)."""
+    previous: dict[int, Any] = {}
+    try:
+        for sig in _SIGNALS:
+            previous[sig] = signal.signal(sig, _interrupt)
+    except ValueError:  # not the main thread: leave the process's handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    try:
+        with _signals_interrupt():
+            return _run(args, debug)
+    except Interrupted as exc:  # a signal after _run returned (or while unwinding)
+        return _interrupted(exc)
+    except KeyboardInterrupt:  # only when the handlers could not be installed
+        click.echo("Interrupted (SIGINT); nothing was written.", err=True)
+        return 130
+
+
+def _interrupted(exc: Interrupted) -> int:
+    if exc.published is not None:
+        click.echo(
+            f"Interrupted ({exc.signame}) after the new artifact was published at {exc.published}.",
+            err=True,
+        )
+    else:
+        click.echo(f"Interrupted ({exc.signame}); nothing was written.", err=True)
+    return 128 + exc.signum
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         result = cli.main(args=args, prog_name="ninfer", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -67,9 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
+    except Interrupted as exc:
+        return _interrupted(exc)
     except KeyboardInterrupt:
-        click.echo("Interrupted; nothing was left under the output name.", err=True)
+        click.echo("Interrupted (SIGINT); nothing was written.", err=True)
         return 130
+    except OSError as exc:
+        if exc.errno not in _RESOURCE_ERRNOS:
+            raise
+        if debug:
+            traceback.print_exc()
+        err = resource_error(exc, exc.filename or "?", doing="file system")
+        click.echo(f"error: {err}", err=True)
+        return err.exit_code
     return int(result) if isinstance(result, int) else 0
 
 

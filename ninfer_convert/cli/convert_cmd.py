@@ -1,8 +1,11 @@
 """``ninfer convert SOURCE [--recipe NAME|PATH] --output OUT``.
 
 A thin layer over :func:`ninfer_convert.convert.convert_checkpoint` and
-:func:`ninfer_convert.convert.plan_conversion` (``--dry-run``).  ``--sign-key`` loads the key
-before the source is read, and the artifact is signed before it is published.
+:func:`ninfer_convert.convert.plan_conversion` with :func:`ninfer_convert.convert.check_output`
+(``--dry-run``: with ``--output`` it also says what would be created or replaced, and fails like
+the real run would on a refused destination, an unwritable parent or too little space).
+``--sign-key`` loads the key before the source is read, and the artifact is signed before it
+is published.  Notices (stale staging folders restored or removed) go to stderr, one line each.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from rich.progress import (
 from rich.table import Table
 
 from ..container import DEFAULT_ALIGNMENT
-from ..convert import ConvertReport, ProgressEvent, convert_checkpoint, plan_conversion
+from ..convert import (
+    ConvertReport,
+    OutputCheck,
+    ProgressEvent,
+    check_output,
+    convert_checkpoint,
+    plan_conversion,
+)
 from ..errors import UsageError
 from ..recipe import Plan, padding_warnings, resolve_recipe
 from ..signing import Signer, key_signer
@@ -164,6 +174,14 @@ class _Reporter:
             )
 
 
+def render_output_check(checked: OutputCheck) -> None:
+    free = "unknown" if checked.free_bytes is None else human_bytes(checked.free_bytes)
+    make_console().print(
+        f"Output: {checked.destination.describe()}; needs {human_bytes(checked.needed_bytes)} "
+        f"({checked.needed_bytes} bytes), {free} free."
+    )
+
+
 def render_report(report: ConvertReport) -> None:
     console = make_console()
     rate = report.source_bytes / report.elapsed_s if report.elapsed_s > 0 else 0.0
@@ -224,12 +242,22 @@ def command(
     signer: Signer | None = key_signer(sign_key) if sign_key is not None else None
     src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
-        _, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
+        opened, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
+        checked: OutputCheck | None = None
+        if output is not None:
+            checked = check_output(
+                opened, plan, output, force=force, alignment=alignment,
+                max_shard_size=shard_size, signed=signer is not None,
+            )  # fmt: skip
         if as_json:
-            click.echo(plan.to_json())
+            doc = plan.to_dict()
+            doc["output"] = None if checked is None else checked.to_dict()
+            click.echo(json.dumps(doc, indent=2))
             render_warnings(plan)
         else:
             render_plan(plan)
+            if checked is not None:
+                render_output_check(checked)
         return
     if output is None:
         raise UsageError("--output is required (or use --dry-run)")
@@ -238,6 +266,7 @@ def command(
             src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
             progress=reporter, signer=signer,
+            on_notice=lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -12,16 +12,26 @@ Contract:
 * ``add_file`` copies a side file (config.json, tokenizer files) into the model directory.
 * ``commit`` appends each shard's header, names the shards (``model.ninfer``, or
   ``model-0000i-of-0000N.ninfer`` plus ``model.ninfer.index.json``), fsyncs files and the
-  staging directory, renames it to ``out_dir`` and fsyncs the parent.  Nothing exists under
-  ``out_dir`` before that rename.  ``commit(before_publish=f)`` calls ``f(staging)`` once the
-  staging directory is complete and just before the rename (``convert --sign-key`` signs
-  there); an exception from it aborts like any other.
+  staging directory and publishes it at ``out_dir`` with :mod:`.publish` (an atomic exchange
+  where the OS has one; the previous state is restored on any failure before the commit point).
+  Nothing exists under ``out_dir`` before that.  ``commit(before_publish=f)`` calls
+  ``f(staging)`` once the staging directory is complete and just before the publish
+  (``convert --sign-key`` signs there); an exception from it aborts like any other.
+* The writer holds the output's lock (:class:`~.publish.OutputLock`) from construction to
+  commit or abort, and on construction restores or removes what dead writers of the same output
+  left (:func:`~.publish.recover_stale`; each line goes to ``on_notice`` at once and to
+  :attr:`ArtifactWriter.notes`).
 * Any exception or KeyboardInterrupt inside the ``with`` block (or a call to ``abort``) removes
-  the staging directory and leaves ``out_dir`` as it was.  A clean exit from the ``with`` block
+  the staging area and leaves ``out_dir`` as it was.  A clean exit from the ``with`` block
   commits if ``commit`` was not called.
-* An existing ``out_dir`` is refused with :class:`UsageError` unless it is an empty directory or
-  ``overwrite=True``; with ``overwrite`` the old directory is moved aside, the new one renamed
-  in, and the old one deleted, so a crash never leaves a half-written ``out_dir``.
+* An existing ``out_dir`` is refused with :class:`UsageError` unless it is an empty directory,
+  or ``overwrite=True`` and it is a complete ``.ninfer`` model directory holding only the files
+  its artifact names and ``companions`` (:func:`~.publish.check_destination`); an ``out_dir``
+  that is, holds or lies inside one of ``sources`` is always refused.  Only the old artifact's
+  named files are deleted, after the new one is in place.
+* ``expected_bytes`` (see :func:`planned_size`) is checked against the free space before any
+  byte is written.  Every ``OSError`` of the file system (disk full, quota, permission,
+  read-only) becomes a :class:`ResourceError` after the staging area is removed.
 
 Usage errors (bad names, wrong shapes, bad metadata) raise :class:`UsageError` /
 :class:`FormatError` before any byte of that tensor is written, and leave the writer usable.
@@ -32,11 +42,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
-import shutil
 import stat
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -44,7 +52,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import xxhash
 
-from ..errors import NinferError, SourceError, UsageError
+from ..errors import NinferError, ResourceError, SourceError, UsageError
 from ..formats import lookup_format
 from ..layouts import Buffer, Layout, check_combination, logical_shape
 from ..layouts.base import plane_u8
@@ -56,6 +64,20 @@ from .checks import (
     check_tensor_geometry,
     check_tensor_name,
     side_file_key,
+)
+from .publish import (
+    Destination,
+    Interrupted,
+    OutputLock,
+    StagingArea,
+    check_destination,
+    check_free_space,
+    check_writable,
+    deferred_signals,
+    fsync_dir,
+    pause_point,
+    recover_stale,
+    resource_error,
 )
 from .schema import (
     ArtifactMeta,
@@ -84,7 +106,13 @@ from .wire import (
     shard_name,
 )
 
-__all__ = ["ArtifactWriter", "WrittenTensor", "check_writer_alignment", "fsync_dir"]
+__all__ = [
+    "ArtifactWriter",
+    "WrittenTensor",
+    "check_writer_alignment",
+    "fsync_dir",
+    "planned_size",
+]
 
 _COPY_CHUNK = 8 << 20
 _ZEROS = bytes(64 << 10)
@@ -105,18 +133,84 @@ def check_writer_alignment(alignment: object) -> None:
         raise _usage(exc, "ArtifactWriter") from None
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it is durable (a no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+def _placement(cursor: int, nbytes: Iterable[int], alignment: int) -> tuple[list[int], int]:
+    """Offsets of consecutive planes appended at ``cursor`` and the end of the last one."""
+    offsets = []
+    for n in nbytes:
+        cursor = align_up(cursor, alignment)
+        offsets.append(cursor)
+        cursor += n
+    return offsets, cursor
+
+
+def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> bool:
+    """docs/container.md section 8, "Sharding"."""
+    return max_shard is not None and has_tensors and end > max_shard
+
+
+_DIGEST_PLACEHOLDER = "0" * 32  # every digest in a header or index is 32 hex digits
+
+
+def planned_size(
+    tensors: Iterable[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]],
+    *,
+    metadata: ArtifactMeta | Mapping[str, Any],
+    side_files: Iterable[tuple[str, int]],
+    alignment: int = DEFAULT_ALIGNMENT,
+    max_shard_size: int | None = None,
+) -> int:
+    """The exact bytes an artifact of these ``(name, format, shape, role, provenance)`` tensors
+    and ``(name, size)`` side files takes (shards with preludes, gaps, planes and headers, the
+    index, the side files), laid out by the writer's own rules.  ``metadata`` must have the
+    final shape (digests are fixed-length, so placeholders give the same size)."""
+    check_writer_alignment(alignment)
+    if isinstance(metadata, Mapping):
+        metadata = ArtifactMeta.from_json({**metadata, "alignment": alignment}, "metadata")
+    sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
+    cursors = [PRELUDE_SIZE]
+    shards: list[list[TensorEntry]] = [[]]
+    for name, fmt_name, shape, role, provenance in tensors:
+        layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+        dims = layout.check_shape(fmt_name, shape)
+        specs = layout.planes(fmt_name, dims)
+        offsets, end = _placement(cursors[-1], (s.nbytes for s in specs), alignment)
+        if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
+            cursors.append(PRELUDE_SIZE)
+            shards.append([])
+            offsets, end = _placement(PRELUDE_SIZE, (s.nbytes for s in specs), alignment)
+        planes = tuple(
+            PlaneEntry(s.name, o, s.nbytes, _DIGEST_PLACEHOLDER)
+            for s, o in zip(specs, offsets, strict=True)
+        )
+        entry = TensorEntry(
+            name=name,
+            format=fmt_name,
+            layout=layout.name,
+            shape=dims,
+            physical=layout.physical_extents(fmt_name, dims),
+            planes=planes,
+            role=role,
+            provenance=Provenance.from_json(provenance, "provenance"),
+        )
+        shards[-1].append(entry)
+        cursors[-1] = end
+    count = len(shards)
+    total = sum(f.size for f in sides)
+    index_shards = []
+    plane_total = 0
+    for number, (cursor, entries) in enumerate(zip(cursors, shards, strict=True), start=1):
+        header = Header(
+            artifact=metadata, files=sides, shard=ShardInfo(number, count), tensors=tuple(entries)
+        )
+        size = cursor + len(canonical_json(header.to_json()))
+        total += size
+        index_shards.append(IndexShard(shard_name(number, count), size, _DIGEST_PLACEHOLDER))
+        plane_total += sum(p.nbytes for t in entries for p in t.planes)
+    if count > 1:
+        weight_map = {t.name: shard_name(n, count) for n, es in enumerate(shards, 1) for t in es}
+        index = IndexFile(INDEX_VERSION, plane_total, tuple(index_shards), weight_map)
+        total += len(canonical_json(index.to_json()))
+    return total
 
 
 @contextlib.contextmanager
@@ -186,8 +280,13 @@ class ArtifactWriter:
         alignment: int = DEFAULT_ALIGNMENT,
         max_shard_size: int | None = None,
         overwrite: bool = False,
+        sources: Sequence[str | os.PathLike[str]] = (),
+        companions: Sequence[str] = (),
+        expected_bytes: int | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir).absolute()
+        self._state = "new"
         check_writer_alignment(alignment)
         if max_shard_size is not None and (
             isinstance(max_shard_size, bool)
@@ -200,23 +299,48 @@ class ArtifactWriter:
         self.alignment = alignment
         self.max_shard_size = max_shard_size
         self.overwrite = overwrite
+        self.expected_bytes = expected_bytes
+        self._sources = tuple(Path(s) for s in sources)
+        self._companions = tuple(companions)
         self._metadata = self._check_metadata(metadata)
-        self._check_destination()
-
+        self.notes: list[str] = []
+        """One line per stale staging folder restored or removed, or remains kept."""
+        self._on_notice = on_notice
         self._names: set[str] = set()
         self._side: dict[str, SideFile] = {}
         self._side_keys: dict[str, str] = {}  # side_file_key -> name or "folder/" (add_file)
         self._shards: list[_Shard] = []
-        self._state = "open"
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(6)
-        self.staging = self.out_dir.parent / f".{self.out_dir.name}.ninfer-staging-{token}"
-        self.staging.mkdir()
+        self._lock = OutputLock(self.out_dir)
+        self._area: StagingArea | None = None
+        # A usage problem is reported before anything is created.
+        self._destination = self._check_destination()
+        check_writable(self.out_dir)
         try:
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            self._notify(recover_stale(self.out_dir))
+            self._destination = self._check_destination()
+            if expected_bytes is not None:
+                check_free_space(self.out_dir.parent, expected_bytes)
+            self._area = StagingArea(self.out_dir)
+            self.staging = self._area.new
+            self._state = "open"
             self._new_shard()
+        except OSError as exc:
+            self.abort()
+            raise self._resource(exc, "creating the staging area") from None
         except BaseException:
             self.abort()
             raise
+
+    def _notify(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.notes.append(line)
+            if self._on_notice is not None:
+                self._on_notice(line)
+
+    def _resource(self, exc: OSError, doing: str) -> ResourceError:
+        return resource_error(exc, self.out_dir, needed=self.expected_bytes, doing=doing)
 
     # -- context manager -----------------------------------------------------------------------
 
@@ -231,6 +355,8 @@ class ArtifactWriter:
     ) -> None:
         if exc_type is not None:
             self.abort()
+            if isinstance(exc, OSError):  # e.g. a side-file copy that hit a full disk
+                raise self._resource(exc, "writing the artifact") from None
         elif self._state == "open":
             self.commit()
 
@@ -265,19 +391,15 @@ class ArtifactWriter:
 
     # -- destination ---------------------------------------------------------------------------
 
-    def _check_destination(self) -> None:
-        out = self.out_dir
-        if not (out.exists() or out.is_symlink()):
-            return
-        if out.is_symlink() or not out.is_dir():
-            raise UsageError(
-                f"output {out} exists and is not a directory", hint="choose another --output"
-            )
-        if not self.overwrite and any(out.iterdir()):
-            raise UsageError(
-                f"output directory {out} already exists and is not empty",
-                hint="pass --force (overwrite=True) to replace it",
-            )
+    def _check_destination(self) -> Destination:
+        return check_destination(
+            self.out_dir, force=self.overwrite, sources=self._sources, companions=self._companions
+        )
+
+    @property
+    def destination(self) -> Destination:
+        """What is at the output and what publishing over it deletes (checked at creation)."""
+        return self._destination
 
     # -- shards --------------------------------------------------------------------------------
 
@@ -320,7 +442,7 @@ class ArtifactWriter:
         shape = logical_shape(logical)
         with _naming(name):
             planes = layout.pack(fmt_name, logical)
-        return self._write(name, fmt_name, shape, planes, role, provenance, check_padding=False)
+        return self._write_mapped(name, fmt_name, shape, planes, role, provenance, False)
 
     def add_packed(
         self,
@@ -341,7 +463,27 @@ class ArtifactWriter:
             dims = layout.check_shape(fmt_name, shape)
         except NinferError as exc:
             raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
-        return self._write(name, fmt_name, dims, planes, role, provenance, check_padding=True)
+        return self._write_mapped(name, fmt_name, dims, planes, role, provenance, True)
+
+    def _write_mapped(
+        self,
+        name: str,
+        fmt_name: str,
+        shape: tuple[int, ...],
+        planes: Sequence[Buffer],
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+        check_padding: bool,
+    ) -> WrittenTensor:
+        try:
+            written = self._write(
+                name, fmt_name, shape, planes, role, provenance, check_padding=check_padding
+            )
+        except OSError as exc:
+            self.abort()  # a full disk gets its space back at once
+            raise self._resource(exc, f"writing tensor {name!r} to the staging area") from None
+        pause_point("staging")
+        return written
 
     def _layout(self, fmt_name: str) -> Layout:
         return check_combination(fmt_name, lookup_format(fmt_name).layout)
@@ -404,10 +546,8 @@ class ArtifactWriter:
         prov = Provenance.from_json(provenance, "provenance")
 
         shard = self._shards[-1]
-        end = shard.cursor
-        for spec in specs:
-            end = align_up(end, self.alignment) + spec.nbytes
-        if self.max_shard_size is not None and shard.tensors and end > self.max_shard_size:
+        _, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        if _starts_new_shard(bool(shard.tensors), end, self.max_shard_size):
             self._finish_payload(shard)
             shard = self._new_shard()
 
@@ -520,17 +660,28 @@ class ArtifactWriter:
     # -- commit / abort ------------------------------------------------------------------------
 
     def commit(self, *, before_publish: Callable[[Path], object] | None = None) -> Path:
-        """Finish every shard, write the index, and rename the staging directory to ``out_dir``
+        """Finish every shard, write the index, and publish the staging directory at ``out_dir``
         (after ``before_publish(staging)``, when given)."""
         self._require_open()
         try:
             return self._commit(before_publish)
-        except BaseException:
+        except Interrupted as exc:
+            if self._state == "committed":  # the signal came during the publish: it finished
+                exc.published = self.out_dir
+            else:
+                self.abort()
+            raise
+        except OSError as exc:
             self.abort()
+            raise self._resource(exc, "finishing the artifact") from None
+        except BaseException:
+            if self._state != "committed":
+                self.abort()
             raise
 
     def _commit(self, before_publish: Callable[[Path], object] | None = None) -> Path:
         self._state = "committing"
+        pause_point("commit")
         count = len(self._shards)
         files = tuple(self._side[k] for k in sorted(self._side))
         index_shards = []
@@ -577,40 +728,39 @@ class ArtifactWriter:
                 fh.write(canonical_json(index.to_json()))
                 fh.flush()
                 os.fsync(fh.fileno())
-        fsync_dir(self.staging)
         if before_publish is not None:
             before_publish(self.staging)
+        fsync_dir(self.staging)
         self._publish()
-        self._state = "committed"
         return self.out_dir
 
     def _publish(self) -> None:
-        out = self.out_dir
-        self._check_destination()
-        trash: Path | None = None
-        if out.exists():
-            if any(out.iterdir()):
-                # overwrite=True (checked above): move the old directory aside first, so out_dir
-                # is either the old or the new artifact, never a mixture.
-                trash = out.parent / f".{out.name}.ninfer-old-{secrets.token_hex(6)}"
-                os.rename(out, trash)
-            else:
-                out.rmdir()
-        os.rename(self.staging, out)
-        fsync_dir(out.parent)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        area = self._area
+        assert area is not None  # open implies a staging area
+        # Signals wait until the renames are done and the state is recorded: the output name
+        # then holds the old or the new artifact and we know which.
+        with deferred_signals():
+            # Re-checked here: the output may have changed while we were writing.
+            self._destination = self._check_destination()
+            area.publish(self._destination)
+            self._state = "committed"
+            try:
+                area.finish(self._destination)
+            finally:
+                self._notify(area.notes)
+                self._lock.release()
 
     def abort(self) -> None:
         """Discard everything written so far; ``out_dir`` is left untouched."""
         if self._state == "committed":
             return
-        for shard in getattr(self, "_shards", []):
-            if shard.handle is not None:
-                with contextlib.suppress(OSError):  # best effort while unwinding
-                    shard.handle.close()
-                shard.handle = None
-        staging = getattr(self, "staging", None)
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        self._state = "aborted"
+        with deferred_signals():  # a second Ctrl-C must not leave half a staging area
+            for shard in self._shards:
+                if shard.handle is not None:
+                    with contextlib.suppress(OSError):  # best effort while unwinding
+                        shard.handle.close()
+                    shard.handle = None
+            if self._area is not None:
+                self._area.discard()
+            self._lock.release()
+            self._state = "aborted"
