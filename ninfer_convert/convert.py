@@ -352,7 +352,7 @@ def planned_output_bytes(
     placeholder = {name: "xxh3-128:" + "0" * 32 for name in digested}
     side_files = _copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
-    card = _card_text(plan, src, side_files)
+    card = _card_text(plan, src, side_files)  # deterministic: the same text convert writes
     if card is not None:
         sizes.append((README_NAME, len(card.encode("utf-8"))))
     total = planned_size(
@@ -613,7 +613,7 @@ def convert_checkpoint(
             digests[skipped.name] = src.read(skipped.name).digest
         for path, name in side_files:
             writer.add_file(path, name)
-        card = _card_text(plan, src, side_files)  # the text the size check counted
+        card = _card_text(plan, src, side_files)
         if card is not None:
             add_text_file(writer, README_NAME, card)
         writer.set_metadata(_metadata(plan, src, digests, alignment))
