@@ -755,3 +755,20 @@ def test_read_only_file_system_is_exit_7(
         assert code == 7 and "read-only file system" in err and "Traceback" not in err
         code, _, err = _convert(["--output", str(fs / "out"), "--dry-run"], capsys)
         assert code == 7 and "read-only file system" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# signals held back during the publish
+
+
+def test_deferred_signals_deliver_after_the_block_once_each() -> None:
+    import signal
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), publish.deferred_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler would run here without the deferral
+        reached.append("end of block")
+    assert reached == ["end of block"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
