@@ -479,6 +479,32 @@ def test_live_and_unknown_staging_folders_are_left_alone(tmp_path: Path) -> None
     assert live.is_dir() and legacy.is_dir() and other.is_dir()
 
 
+@pytest.mark.parametrize("owner", ["fifo", "deep", "huge"])
+def test_hostile_owner_records_neither_hang_nor_crash(tmp_path: Path, owner: str) -> None:
+    out = tmp_path / "out"
+    area = tmp_path / ".out.ninfer-staging-0123456789ab"
+    area.mkdir()
+    (area / "new").mkdir()
+    record = area / publish.OWNER_NAME
+    if owner == "fifo":
+        os.mkfifo(record)
+    elif owner == "deep":
+        record.write_text("[" * 1500 + "]" * 1500)
+    else:
+        record.write_text(json.dumps({"pid": 1, "pad": "x" * 10_000}))
+    notes = publish.recover_stale(out)
+    assert len(notes) == 1 and "no owner record" in notes[0] and area.is_dir()
+
+
+def test_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (tmp_path / ".out.ninfer-lock").symlink_to(target)
+    with pytest.raises(UsageError, match="symbolic link"):
+        ArtifactWriter(tmp_path / "out", metadata=META, alignment=64)
+    assert target.read_text() == "keep me"
+
+
 def test_legacy_moved_aside_output_is_renamed_back(tmp_path: Path) -> None:
     old = write_small(tmp_path / ".out.ninfer-old-00aa11bb22cc", ["BF16"])
     before = tree(old)

@@ -64,6 +64,7 @@ from typing import Any, Literal
 
 from .._startup import pause_point
 from ..errors import NinferError, ResourceError, UsageError
+from ..jsonlimits import nesting_problem
 from .reader import open_artifact
 from .wire import INDEX_NAME, SINGLE_NAME
 
@@ -91,6 +92,7 @@ OLD_NAME = "old"
 _MAX_LISTED = 12
 _MAX_ENTRIES = 100_000
 _OWNER_MAX_BYTES = 4096
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
@@ -260,8 +262,8 @@ def _start_marker(pid: int) -> str | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None  # field 22 of stat, 3rd after ")"
+    fields = raw[raw.rfind(")") + 2 :].split()  # fields after the name start at field 3
+    return fields[19] if len(fields) > 19 else None  # field 22: starttime
 
 
 def owner_record() -> dict[str, Any]:
@@ -300,14 +302,34 @@ def _alive(owner: dict[str, Any]) -> bool | None:
     return True
 
 
-def _read_owner(path: Path) -> dict[str, Any] | None:
+def _small_json_object(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object of at most _OWNER_MAX_BYTES (shallow: the one nesting bound), else None."""
+    if len(raw) > _OWNER_MAX_BYTES:
+        return None
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(_OWNER_MAX_BYTES + 1)
-        value = json.loads(raw) if len(raw) <= _OWNER_MAX_BYTES else None
-    except (OSError, ValueError):
+        text = raw.decode("utf-8")
+        if nesting_problem(text) is not None:
+            return None
+        value = json.loads(text)
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _read_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record, read only from a regular file (never blocks on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return _small_json_object(os.read(fd, _OWNER_MAX_BYTES + 1))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,9 +351,24 @@ class OutputLock:
             return
         for _ in range(20):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # Never follow a symlink or truncate a file that is not ours.
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW
+                             | getattr(os, "O_NONBLOCK", 0), 0o644)  # fmt: skip
             except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise UsageError(
+                        "the output's lock file is a symbolic link",
+                        path=str(self.path),
+                        hint="remove it; ninfer makes it as a plain file",
+                    ) from None
                 raise resource_error(exc, self.path, doing="creating the output lock") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise UsageError(
+                    "the output's lock file is not a regular file",
+                    path=str(self.path),
+                    hint="remove it; ninfer makes it as a plain file",
+                )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -369,11 +406,10 @@ class OutputLock:
     @staticmethod
     def _holder(fd: int) -> str:
         try:
-            raw = os.pread(fd, _OWNER_MAX_BYTES, 0)
-            value = json.loads(raw)
-            pid = value.get("pid") if isinstance(value, dict) else None
-        except (OSError, ValueError):
-            pid = None
+            value = _small_json_object(os.pread(fd, _OWNER_MAX_BYTES + 1, 0))
+        except OSError:
+            value = None
+        pid = None if value is None else value.get("pid")
         return f"pid {pid}" if isinstance(pid, int) else "pid unknown"
 
     def release(self) -> None:
