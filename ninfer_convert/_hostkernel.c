@@ -430,9 +430,140 @@ static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/*
+ * Exact word conversions of the recipe (words.py is the reference; tests compare every
+ * binary16 word and random binary32 words), one block per call, without the GIL:
+ *
+ *   op 0  binary16 -> binary32 (exact; NaN payloads kept, no quieting)     u16 -> u32
+ *   op 1  BF16 -> binary32 (the word becomes the high half)                 u16 -> u32
+ *   op 2  binary32 -> BF16, round to nearest even; inf and NaN pass through with their top
+ *         bits, NaN with the quiet bit forced (words.f32_to_bf16_rne(keep_nonfinite=True))
+ *                                                                           u32 -> u16
+ *   op 3  binary16 -> BF16 (op 0 then op 2, per word)                       u16 -> u16
+ *
+ * convert_words(op, in, out) returns (first non-finite input, first finite input that rounds
+ * to infinity), each an element index or -1, so the caller refuses them with its own message
+ * (it re-runs the block through words.py to word it).  Integer operations only, except the
+ * binary16 subnormals: (float)f * 2^-24 for an integer f < 1024 is exact (no rounding, and
+ * neither operand nor result is subnormal, so FTZ/DAZ could not change it).
+ */
+/* Branch-free selects (masks), so that GCC vectorises every loop below. */
+static inline uint32_t pick(uint32_t cond, uint32_t a, uint32_t b) {
+    uint32_t m = 0u - cond; /* cond is 0 or 1 */
+    return (a & m) | (b & ~m);
+}
+
+static inline uint32_t w_f16_to_f32(uint32_t h) {
+    /* The fraction and exponent move into place together (o); normals are rebiased by
+     * 127 - 15, inf/NaN by twice that (exponent field 255, payload kept), and a subnormal
+     * f * 2^-24 is (2^-14 + f * 2^-24) - 2^-14: one exact binary32 subtraction (both operands
+     * normal, the difference representable). */
+    uint32_t o = (h & 0x7FFFu) << 13, e = o & 0x0F800000u;
+    uint32_t normal = o + (112u << 23), special = o + (224u << 23);
+    uint32_t sub = bits_from_f32(f32_from_bits(o + (113u << 23)) - f32_from_bits(113u << 23));
+    uint32_t mag = pick(e == 0x0F800000u, special, pick(e == 0, sub, normal));
+    return mag | ((h & 0x8000u) << 16);
+}
+
+/* binary32 -> BF16 RNE; inf/NaN pass through with their top bits, NaN with the quiet bit. */
+static inline uint32_t w_f32_to_bf16(uint32_t w) {
+    uint32_t nonfinite = (w & 0x7F800000u) == 0x7F800000u;
+    uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
+    uint32_t pass = (w >> 16) | pick((w & 0x7FFFFFu) != 0, 0x40u, 0u);
+    return pick(nonfinite, pass, rounded);
+}
+
+static inline uint32_t w_overflows(uint32_t w, uint32_t bf) {
+    /* a finite binary32 whose BF16 rounding is infinite */
+    return ((w & 0x7F800000u) != 0x7F800000u) & ((bf & 0x7F80u) == 0x7F80u);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static int convert_block(int op, const void *in, void *out, Py_ssize_t count) {
+    /* Returns bit 0: some input is non-finite, bit 1: some finite input overflowed. */
+    uint32_t nonfinite = 0, overflow = 0;
+    if (op == 0) {
+        const uint16_t *src = (const uint16_t *)in;
+        uint32_t *dst = (uint32_t *)out;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t h = src[i];
+            nonfinite |= (h & 0x7C00u) == 0x7C00u;
+            dst[i] = w_f16_to_f32(h);
+        }
+    } else if (op == 1) {
+        const uint16_t *src = (const uint16_t *)in;
+        uint32_t *dst = (uint32_t *)out;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t h = src[i];
+            nonfinite |= (h & 0x7F80u) == 0x7F80u;
+            dst[i] = h << 16;
+        }
+    } else if (op == 2) {
+        const uint32_t *src = (const uint32_t *)in;
+        uint16_t *dst = (uint16_t *)out;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t w = src[i], bf = w_f32_to_bf16(w);
+            nonfinite |= (w & 0x7F800000u) == 0x7F800000u;
+            overflow |= w_overflows(w, bf);
+            dst[i] = (uint16_t)bf;
+        }
+    } else {
+        const uint16_t *src = (const uint16_t *)in;
+        uint16_t *dst = (uint16_t *)out;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint32_t h = src[i], w = w_f16_to_f32(h), bf = w_f32_to_bf16(w);
+            nonfinite |= (h & 0x7C00u) == 0x7C00u;
+            overflow |= w_overflows(w, bf);
+            dst[i] = (uint16_t)bf;
+        }
+    }
+    return (nonfinite ? 1 : 0) | (overflow ? 2 : 0);
+}
+
+static Py_ssize_t first_flagged(int op, const void *in, Py_ssize_t count, int which) {
+    /* The first index convert_block flagged (which: 1 non-finite input, 2 overflow). */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t w = (op == 2) ? ((const uint32_t *)in)[i] : ((const uint16_t *)in)[i];
+        if (which == 1) {
+            uint32_t m = op == 2 ? 0x7F800000u : (op == 1 ? 0x7F80u : 0x7C00u);
+            if ((w & m) == m) return i;
+        } else {
+            uint32_t wide = op == 3 ? w_f16_to_f32(w) : w;
+            if (w_overflows(wide, w_f32_to_bf16(wide))) return i;
+        }
+    }
+    return -1;
+}
+
+static PyObject *convert_words(PyObject *self, PyObject *args) {
+    Py_buffer in, out;
+    int op;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iy*w*", &op, &in, &out)) return NULL;
+    Py_ssize_t in_width = op == 2 ? 4 : 2, out_width = (op == 0 || op == 1) ? 4 : 2;
+    Py_ssize_t count = in.len / in_width;
+    if (op < 0 || op > 3 || in.len % in_width || out.len < count * out_width) {
+        PyBuffer_Release(&in); PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "convert_words: bad op or buffer sizes");
+        return NULL;
+    }
+    int flags;
+    Py_ssize_t bad_in = -1, bad_over = -1;
+    Py_BEGIN_ALLOW_THREADS
+    flags = convert_block(op, in.buf, out.buf, count);
+    if (flags & 1) bad_in = first_flagged(op, in.buf, count, 1);
+    if (flags & 2) bad_over = first_flagged(op, in.buf, count, 2);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in); PyBuffer_Release(&out);
+    return Py_BuildValue("(nn)", bad_in, bad_over);
+}
+
 static PyMethodDef methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"f32_to_f16_words", f32_to_f16_words, METH_VARARGS, "Non-negative finite binary32 -> binary16 RNE."},
+    {"convert_words", convert_words, METH_VARARGS, "Exact recipe word conversions (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,12 +9,18 @@ Contract:
   live in :mod:`.recipe`), runs the canonical encoder for grouped formats and checks the value
   invariants of the result.  ``ninfer verify`` calls it too, so producer and verifier cannot
   drift apart.
-* :func:`convert_checkpoint` streams the plan: worker threads derive, encode and pack tensors
-  while the calling thread writes them in plan order, so the artifact is byte-identical for any
-  ``jobs`` and device.  Work in flight is bounded by source bytes (at most the largest tensor's
-  bytes, or 256 MiB when that is larger), so peak memory follows the largest tensor, not the
-  model.  Everything is staged by :class:`~.container.ArtifactWriter` and published only when
-  complete; a failure, Ctrl-C, SIGTERM or SIGHUP leaves the output name as it was.  Before any
+* :func:`convert_checkpoint` streams the plan: the calling thread reserves each tensor's
+  planes in the output in plan order (:meth:`~.container.ArtifactWriter.reserve`), worker
+  threads derive, encode and pack the tensors a row block at a time straight into their
+  reserved planes, and the calling thread completes them in plan order, so the artifact is
+  byte-identical for any ``jobs`` and device.  Work in flight is bounded by source bytes (at
+  most the largest tensor's bytes, or 256 MiB when that is larger; page cache, since sources
+  are mapped) and by :data:`_MAX_INFLIGHT_TENSORS`; on the host paths (direct formats,
+  conversions, derivations, copy paths, grouped encoding) a worker holds a few blocks, never a
+  tensor or a plane, so peak memory follows the block size, not the tensor or the model.  The
+  CUDA path still packs a tensor whole before storing it.  Everything is staged by
+  :class:`~.container.ArtifactWriter` and published only when complete; a failure, Ctrl-C,
+  SIGTERM or SIGHUP leaves the output name as it was.  Before any
   source byte is read the output is locked, stale staging folders of dead runs are restored or
   removed (``on_notice`` gets one line each), the destination is checked (what ``force`` may
   replace, never the source) and the free space is compared with the plan's exact size.
@@ -38,7 +44,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -57,7 +63,7 @@ from .container.publish import (
     check_free_space,
     check_writable,
 )
-from .container.writer import planned_size
+from .container.writer import Reservation, planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
@@ -67,6 +73,13 @@ from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .readahead import ReadAheadWindow
 from .recipe import EncodeInput, Plan, PlanEntry, Recipe, build_plan, materialize
+from .recipe.materialize import (
+    DerivedWords,
+    PlaneBlocks,
+    stream_copy,
+    stream_direct,
+    streams_directly,
+)
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
 from .validate import validate_logical
@@ -87,6 +100,10 @@ __all__ = [
 
 PRODUCER_NAME = "ninfer-convert"
 _MIN_INFLIGHT_BYTES = 256 << 20
+_MAX_INFLIGHT_TENSORS = 64
+"""Tensors in flight at most: each holds a mapping of its source (and of its reserved planes),
+so without a count bound 100,000 tiny tensors were all in flight at once (one open file each,
+and 'Too many open files')."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +239,7 @@ def derive_logical(
         if device == "cuda":
             backend, used = "torch", "cuda"
         logical: LogicalTensor = encode_grouped_words(
-            value.words,
+            _whole(value.words),
             value.source_dtype,
             entry.format,
             backend=backend,
@@ -407,6 +424,10 @@ class PackedTensor:
     spot_rows: int = 0
 
 
+def _whole(words: npt.NDArray[np.generic] | DerivedWords) -> npt.NDArray[np.generic]:
+    return words.whole() if isinstance(words, DerivedWords) else words
+
+
 def derive_packed(
     entry: PlanEntry,
     source: SourceCheckpoint,
@@ -415,27 +436,41 @@ def derive_packed(
     threads: int = 2,
     seed: int = 0,
     on_block: BlockHook | None = None,
+    out: list[npt.NDArray[np.uint8]] | None = None,
 ) -> PackedTensor:
     """Derive one plan entry and pack it with its registered layout.
 
     Grouped tensors on the host take the fused row-block path (same bytes as
     :func:`derive_logical` followed by ``pack``, proven by tests/test_fused.py); ``on_block``
-    sees each encoded block there.  On CUDA a sample of rows is re-encoded on the host.
+    sees each encoded block there.  Direct formats stream block by block
+    (:func:`~.recipe.materialize.stream_direct`).  On CUDA a sample of rows is re-encoded on
+    the host.  ``out`` (optional): writable planes of the layout's sizes, filled in place and
+    returned as the planes (convert passes the tensor's reserved slice of the output file, so
+    the grouped and direct paths hold one block, never a plane).
     """
     fmt = lookup_format(entry.format)
     if fmt.is_grouped and device == "cpu":
         enc, source_digests = _grouped_input(entry, source)
         planes = encode_pack_grouped(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
-            threads=threads, on_block=on_block,
+            threads=threads, on_block=on_block, out=out,
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
+    if out is not None and (streams_directly(entry) or entry.copy is not None):
+        streamed_digests, blocks = plane_stream(entry, source)
+        pos = [0] * len(out)
+        for i, data in blocks():
+            out[i][pos[i] : pos[i] + data.size] = data
+            pos[i] += data.size
+        if pos != [int(p.size) for p in out]:
+            raise ValueError("the out planes do not have the layout's sizes")
+        return PackedTensor(entry, out, dict(streamed_digests), None, None)
     derived = derive_logical(entry, source, device=device, threads=threads)
     spot = 0
     if derived.device == "cuda" and derived.encode_input is not None:
         assert isinstance(derived.logical, GroupedCodes)
         spot = spot_check_rows(
-            derived.encode_input.words,
+            _whole(derived.encode_input.words),
             derived.encode_input.source_dtype,
             entry.format,
             derived.logical,
@@ -444,6 +479,10 @@ def derive_packed(
         )
     layout = lookup_layout(fmt.layout)
     planes = [np.asarray(p) for p in layout.pack(entry.format, derived.logical)]
+    if out is not None:  # copy paths and CUDA: packed whole, then stored in place
+        for dst, plane in zip(out, planes, strict=True):
+            dst[...] = plane.reshape(-1).view(np.uint8)
+        planes = out
     return PackedTensor(
         entry, planes, dict(derived.source_digests), derived.logical, derived.encode_input, spot
     )
@@ -472,6 +511,55 @@ def host_grouped_equals(
     return equal, source_digests, enc
 
 
+def plane_stream(
+    entry: PlanEntry, source: SourceCheckpoint
+) -> tuple[Mapping[str, str], Callable[[], PlaneBlocks]]:
+    """The stored planes of a direct-format or copy-path entry as consecutive byte blocks
+    (:func:`~.recipe.materialize.stream_direct`, :func:`~.recipe.materialize.stream_copy`):
+    (source digests, blocks).  Each block is valid until the next one is asked for."""
+    if entry.copy is not None:
+        return stream_copy(entry, source)
+    stream = stream_direct(entry, source)
+    le = stream.word_dtype.newbyteorder("<")
+
+    def blocks() -> PlaneBlocks:
+        for block in stream.blocks():
+            yield 0, block.astype(le, copy=False).view(np.uint8)
+
+    return stream.source_digests, blocks
+
+
+def host_stream_equals(
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    stored: list[npt.NDArray[np.uint8]],
+    digests: list[Digest] | None = None,
+) -> tuple[bool, dict[str, str]]:
+    """Whether the stored planes of a direct-format or copy-path entry equal its re-derivation,
+    decided block by block (:func:`plane_stream`) without building the tensor; ``digests``
+    (one per stored plane) are fed every stored byte in order on the way.  Returns (equal,
+    source digests)."""
+    source_digests, blocks = plane_stream(entry, source)
+    fmt = lookup_format(entry.format)
+    sizes = [spec.nbytes for spec in lookup_layout(fmt.layout).planes(fmt, entry.shape)]
+    if digests is not None and len(digests) != len(stored):
+        raise ValueError("one digest per stored plane")
+    if [int(p.size) for p in stored] != sizes:
+        for digest, plane in zip(digests or [], stored, strict=False):
+            digest.update(plane)
+        return False, dict(source_digests)
+    equal = True
+    pos = [0] * len(stored)
+    for i, data in blocks():
+        part = stored[i][pos[i] : pos[i] + data.size]
+        if equal and not np.array_equal(part, data):
+            equal = False
+        if digests is not None:
+            digests[i].update(part)
+        pos[i] += data.size
+    return equal and pos == sizes, dict(source_digests)
+
+
 def _grouped_input(
     entry: PlanEntry, source: SourceCheckpoint
 ) -> tuple[EncodeInput, dict[str, str]]:
@@ -486,15 +574,20 @@ def _bounded(
     entries: tuple[PlanEntry, ...],
     submit: Callable[[PlanEntry], Future[PackedTensor]],
     budget: int,
+    max_items: int = _MAX_INFLIGHT_TENSORS,
 ) -> Iterator[tuple[PlanEntry, Future[PackedTensor]]]:
     """Yield (entry, future) in plan order, keeping in-flight source bytes within ``budget``
-    (a single entry larger than the budget runs alone)."""
+    (a single entry larger than the budget runs alone) and at most ``max_items`` entries in
+    flight (each holds a mapping of its source: tiny tensors would otherwise all be in flight
+    at once, with one open file each)."""
     window: deque[tuple[PlanEntry, Future[PackedTensor]]] = deque()
     inflight = 0
     it = iter(entries)
     pending: PlanEntry | None = next(it, None)
     while window or pending is not None:
-        while pending is not None and (not window or inflight + pending.source_bytes <= budget):
+        while pending is not None and (
+            not window or (inflight + pending.source_bytes <= budget and len(window) < max_items)
+        ):
             window.append((pending, submit(pending)))
             inflight += pending.source_bytes
             pending = next(it, None)
@@ -581,29 +674,30 @@ def convert_checkpoint(
             )
             position = {entry.output: i for i, entry in enumerate(plan.entries)}
 
+            reserved: dict[str, Reservation] = {}
+
             def submit(entry: PlanEntry) -> Future[PackedTensor]:
                 # Deterministic per tensor, whatever the scheduling: which rows get spot-checked.
                 seed = zlib.crc32(entry.output.encode())
                 started = partial(ahead.started, position[entry.output])
-                return pool.submit(_guarded, cancel, started, entry, src, used_device, jobs, seed)
+                # The tensor's bytes get their final place now, in plan order; the worker
+                # writes its planes there a block at a time (file pages, not process memory).
+                res = writer.reserve(entry.output, entry.format, entry.shape, role=entry.role,
+                                     provenance=provenance_of(entry))  # fmt: skip
+                reserved[entry.output] = res
+                return pool.submit(_guarded, cancel, started, entry, src, used_device, jobs, seed,
+                                   res.planes)  # fmt: skip
 
             try:
                 for entry, fut in _bounded(plan.entries, submit, budget):
                     packed = fut.result()
-                    info = writer.add_packed(
-                        entry.output,
-                        entry.format,
-                        entry.shape,
-                        packed.planes,
-                        role=entry.role,
-                        provenance=provenance_of(entry),
-                    )
-                    written += info.nbytes
                     digests.update(packed.source_digests)
                     spot_rows += packed.spot_rows
+                    del packed  # drops its views of the reserved planes
+                    info = writer.complete(reserved.pop(entry.output))
+                    written += info.nbytes
                     done += 1
                     done_bytes += entry.source_bytes
-                    del packed
                     emit(entry.output, written)
             except BaseException:
                 cancel.set()
@@ -650,8 +744,9 @@ def _guarded(
     device: str,
     threads: int,
     seed: int,
+    out: list[npt.NDArray[np.uint8]],
 ) -> PackedTensor:
     if cancel.is_set():
         raise EncodeError("conversion cancelled", tensor=entry.output)
     started()
-    return derive_packed(entry, source, device=device, threads=threads, seed=seed)
+    return derive_packed(entry, source, device=device, threads=threads, seed=seed, out=out)

@@ -35,6 +35,7 @@ from .formats import NumericFormat
 from .layouts import PlaneSpec, lookup_layout
 from .layouts.row_split import BlockResult, RowSplitK128, native_packer_available
 from .logical import GroupedCodes
+from .recipe.materialize import DerivedWords
 from .validate import grouped_problems
 
 __all__ = [
@@ -53,6 +54,9 @@ so blocks larger than numpy's 256 K win: on the 2.2 GB benchmark, cold, verify t
 within noise).  A block of BF16 or F16 source rows (1 MiB) plus its codes and scales stays
 within a core's 2 MiB L2; F32 source rows alone fill it."""
 
+Words = npt.NDArray[np.generic] | DerivedWords
+"""Encoder input: the mapped source words, or a derived tensor produced a row block at a time."""
+
 BlockHook = Callable[
     [
         int,
@@ -69,7 +73,7 @@ block; the sums come from the C kernel's pass, or are ``None`` when the numpy ke
 
 
 def encode_pack_grouped(
-    words: npt.NDArray[np.generic],
+    words: Words,
     source_dtype: str,
     fmt_name: str,
     *,
@@ -78,11 +82,16 @@ def encode_pack_grouped(
     chunk_elements: int | None = None,
     on_block: BlockHook | None = None,
     kernel: str = "native",
+    out: list[npt.NDArray[np.uint8]] | None = None,
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
-    (optional, called from worker threads) sees each encoded row block, e.g. for statistics."""
+    (optional, called from worker threads) sees each encoded row block, e.g. for statistics.
+    ``out`` (optional): writable planes of the layout's sizes to pack into (convert passes
+    the tensor's reserved slice of the output file, so no plane is held in memory)."""
     specs, strides = _plane_geometry(words, source_dtype, fmt_name)
-    planes = [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
+    if out is not None and [int(p.size) for p in out] != [spec.nbytes for spec in specs]:
+        raise ValueError("out planes do not have the layout's sizes")
+    planes = out if out is not None else [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
                 chunk_elements, on_block, kernel)  # fmt: skip
     return planes
@@ -93,7 +102,7 @@ class Digest(Protocol):
 
 
 def equals_packed_grouped(
-    words: npt.NDArray[np.generic],
+    words: Words,
     source_dtype: str,
     fmt_name: str,
     stored: list[npt.NDArray[np.uint8]],
@@ -144,18 +153,18 @@ def equals_packed_grouped(
 
 
 def _plane_geometry(
-    words: npt.NDArray[np.generic], source_dtype: str, fmt_name: str
+    words: Words, source_dtype: str, fmt_name: str
 ) -> tuple[list[PlaneSpec], list[int]]:
     """The layout's planes for ``words`` and each plane's bytes per row (checked input)."""
     fmt = grouped_format(fmt_name)
-    check_words(words, source_dtype)
+    check_words(words, source_dtype)  # type: ignore[arg-type]  # shape and dtype only
     n, k = words.shape
     specs = lookup_layout(fmt.layout).planes(fmt, (n, k))
     return specs, [spec.nbytes // n if n else 0 for spec in specs]
 
 
 def _run_blocks(
-    words: npt.NDArray[np.generic],
+    words: Words,
     source_dtype: str,
     fmt_name: str,
     planes: list[npt.NDArray[np.uint8]],
@@ -188,12 +197,13 @@ def _run_blocks(
         r1 = min(n, r0 + rows)
         codes = np.empty((r1 - r0, k), dtype=np.int8)
         scales = np.empty((r1 - r0, n_groups), dtype=np.uint16)
+        block_words = words[r0:r1]  # a view, or the derived rows
         sums = encode_rows(
-            words[r0:r1], source_dtype, fmt, r0, codes, scales, tensor, kernel,
+            block_words, source_dtype, fmt, r0, codes, scales, tensor, kernel,
             with_sums=on_block is not None,
         )  # fmt: skip
         if on_block is not None:
-            on_block(r0, r1, words[r0:r1], codes, scales, sums)
+            on_block(r0, r1, block_words, codes, scales, sums)
         parts = [p[r0 * st : r1 * st] for p, st in zip(planes, strides, strict=True)]
         if native_pack:  # checks the values, then packs or compares, without the GIL
             result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)

@@ -58,10 +58,25 @@ def read_ahead(path: str | os.PathLike[str], offset: int, length: int) -> None:
 
 
 def _run() -> None:
+    pending: tuple[str, int, int] | None = None
     while True:
-        path, offset, length = _requests.get()
+        path, offset, length = pending if pending is not None else _requests.get()
+        pending = None
+        # Requests queued meanwhile for the next bytes of the same file (thousands of tiny
+        # tensors stored back to back) are merged into one range: one open and one advice per
+        # range instead of per tensor.  Gaps up to one piece are read too (alignment padding).
+        end = offset + length
+        while pending is None:
+            try:
+                nxt = _requests.get_nowait()
+            except queue.Empty:
+                break
+            if nxt[0] == path and end <= nxt[1] <= end + CHUNK:
+                end = max(end, nxt[1] + nxt[2])
+            else:
+                pending = nxt
         with contextlib.suppress(Exception):  # a hint must never stop the read-ahead thread
-            _advise(path, offset, length)
+            _advise(path, offset, end - offset)
 
 
 def _advise(path: str, offset: int, length: int) -> None:
@@ -105,22 +120,31 @@ class ReadAheadWindow(Generic[T]):
         self._limit, self._min_items = limit, min_items
         self._next = 0  # first item not requested yet
         self._front = 0  # first item after the furthest one started
+        self._ahead = 0  # bytes of items [_front, _next): requested, not started
         self._lock = threading.Lock()
 
     def started(self, index: int) -> None:
+        """Amortised O(1) per call: every item enters and leaves the running byte count of the
+        window once (re-summing the window on every call made convert and verify quadratic in
+        the tensor count when the window holds thousands of tiny tensors)."""
         with self._lock:
-            self._front = max(self._front, index + 1)
-            # Items up to the furthest started one that are not requested yet are being worked
-            # on right now: they are requested first, in order, outside the budget.
-            while self._next < min(self._front, len(self._items)):
-                self._request(self._items[self._next])
-                self._next += 1
-            ahead = sum(self._nbytes(x) for x in self._items[self._front : self._next])
+            front = min(max(self._front, index + 1), len(self._items))
+            if front > self._next:
+                # Items up to the furthest started one that are not requested yet are being
+                # worked on right now: they are requested first, in order, outside the budget.
+                while self._next < front:
+                    self._request(self._items[self._next])
+                    self._next += 1
+                self._ahead = 0
+            else:
+                for item in self._items[self._front : front]:
+                    self._ahead -= self._nbytes(item)
+            self._front = front
             while self._next < len(self._items):
                 item = self._items[self._next]
                 cost = self._nbytes(item)
-                if self._next - self._front >= self._min_items and ahead + cost > self._limit:
+                if self._next - front >= self._min_items and self._ahead + cost > self._limit:
                     break
                 self._request(item)
-                ahead += cost
+                self._ahead += cost
                 self._next += 1

@@ -228,13 +228,13 @@ def test_killed_conversion_leaves_nothing_under_the_output_name(tmp_path: Path) 
         f"""
         import time
         import ninfer_convert.container.writer as w
-        real = w.ArtifactWriter.add_packed
+        real = w.ArtifactWriter.complete
         def slow(self, *a, **k):
             r = real(self, *a, **k)
             print("wrote", flush=True)
             time.sleep(0.2)
             return r
-        w.ArtifactWriter.add_packed = slow
+        w.ArtifactWriter.complete = slow
         from ninfer_convert.convert import convert_checkpoint
         convert_checkpoint({str(src)!r}, {str(GENERIC_RECIPE)!r}, {str(out)!r}, device="cpu")
         """
@@ -263,7 +263,7 @@ def test_interrupt_in_process_removes_the_staging_directory(
 
     src = _dense_checkpoint(tmp_path / "src")
     calls = {"n": 0}
-    real = writer_mod.ArtifactWriter.add_packed
+    real = writer_mod.ArtifactWriter.complete
 
     def interrupt(self: object, *a: object, **k: object) -> object:
         calls["n"] += 1
@@ -271,7 +271,7 @@ def test_interrupt_in_process_removes_the_staging_directory(
             raise KeyboardInterrupt
         return real(self, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writer_mod.ArtifactWriter, "add_packed", interrupt)
+    monkeypatch.setattr(writer_mod.ArtifactWriter, "complete", interrupt)
     with pytest.raises(KeyboardInterrupt):
         convert_checkpoint(src, GENERIC_RECIPE, tmp_path / "out", device="cpu")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

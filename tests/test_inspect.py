@@ -123,3 +123,18 @@ def test_json_round_numbers(artifact: Path) -> None:
     assert data["tensor"]["name"] == "nv.weight"
     assert data["tensor"]["values"]["code_histogram"]  # E2M1 words as string keys
     assert all(isinstance(k, str) for k in data["tensor"]["values"]["code_histogram"])
+
+
+def test_tensor_statistics_in_blocks_equal_the_whole_tensor(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--tensor`` decodes the stored planes a block at a time; with blocks that do not
+    divide the tensors the statistics are those of the whole decoded tensor (every format)."""
+    from ninfer_convert import inspect as inspect_module
+    from ninfer_convert.formats import lookup_format
+
+    monkeypatch.setattr(inspect_module, "_BLOCK", 50)  # several blocks per tensor, a short tail
+    with open_artifact(artifact) as art:
+        for name, info in art.tensors.items():
+            whole = inspect_module.value_stats(lookup_format(info.format), art.read(name))
+            assert tensor_details(art, name).values == whole, name

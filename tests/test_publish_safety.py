@@ -611,7 +611,9 @@ def test_write_failures_are_resource_errors_with_a_clean_staging_area(
 
         def write(self, data: Any) -> int:
             written[0] += 1
-            if written[0] > 20:  # after a few tensors
+            # After the shard's prelude: the first tensor bytes (small tensors are written
+            # together, a MiB at a time, so this artifact takes only a few writes).
+            if written[0] > 1:
                 raise OSError(code, os.strerror(code))
             return int(self.fh.write(data))
 

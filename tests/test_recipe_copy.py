@@ -598,3 +598,51 @@ def test_raw_words_survive_header_roundtrip(tmp_path: Path) -> None:
     value = materialize(plan(FP8_RULE.replace("p.weight", "q.weight"), src).entries[0], src).value
     assert isinstance(value, FP8RowWords)
     assert value.codes.tolist() == [[0x38, 0xB8]] and value.scales.tolist() == [0x4000]
+
+
+def _stream_planes(entry: object, src: SourceCheckpoint, block_bytes: int) -> list[bytes]:
+    from ninfer_convert.recipe.materialize import stream_copy
+
+    _digests, blocks = stream_copy(entry, src, block_bytes=block_bytes)  # type: ignore[arg-type]
+    planes: dict[int, bytearray] = {}
+    for i, data in blocks():
+        planes.setdefault(i, bytearray()).extend(data.tobytes())
+    return [bytes(planes[i]) for i in sorted(planes)]
+
+
+@pytest.mark.parametrize("block_bytes", [1, 17, 1 << 20])
+def test_copy_paths_stream_the_packed_planes(tmp_path: Path, block_bytes: int) -> None:
+    """Streamed a row block at a time (blocks that do not divide the rows, one row), the copy
+    paths give exactly the planes the layout packs from materialize's words."""
+    from ninfer_convert.formats import lookup_format
+    from ninfer_convert.layouts import lookup_layout
+
+    nv = _nvfp4(tmp_path / "nv", k=64)
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 256, size=(7, 24), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x11
+    codes[3] &= 0x80  # a +0-scale row holds only signed zeros
+    scales = torch.tensor([[1.0], [2.0], [0.5], [0.0], [4.0], [8.0], [0.25]], dtype=torch.bfloat16)
+    fp8 = _fp8(tmp_path / "fp8", scales, codes)
+    for src, rule in ((nv, CT_NVFP4_RULE), (fp8, FP8_RULE)):
+        entry = plan(rule, src).entries[0]
+        fmt = lookup_format(entry.format)
+        want = lookup_layout(fmt.layout).pack(fmt, materialize(entry, src).value)
+        assert _stream_planes(entry, src, block_bytes) == [bytes(p) for p in want]
+
+
+def test_streamed_fp8_copy_refuses_like_the_whole_tensor(tmp_path: Path) -> None:
+    # A +0-scale row with a non-zero code in an early block and a NaN code in a later one:
+    # the whole-tensor check reports the NaN first, and so does the stream.
+    codes = np.zeros((4, 3), dtype=np.uint8)
+    codes[0, 1] = 0x01
+    codes[3, 2] = 0xFF
+    scales = torch.tensor([[0.0], [1.0], [1.0], [1.0]], dtype=torch.bfloat16)
+    src = _fp8(tmp_path / "m", scales, codes)
+    entry = plan(FP8_RULE, src).entries[0]
+    with pytest.raises(EncodeError) as whole:
+        materialize(entry, src)
+    with pytest.raises(EncodeError) as streamed:
+        _stream_planes(entry, src, 3)
+    assert "code at row 3, column 2 is E4M3FN NaN" in str(whole.value)
+    assert str(streamed.value) == str(whole.value)

@@ -18,6 +18,7 @@ from ninfer_convert.encoder import encode_grouped_words
 from ninfer_convert.errors import EncodeError, SourceError
 from ninfer_convert.logical import DirectWords
 from ninfer_convert.recipe import EncodeInput, build_plan, loads_recipe, materialize
+from ninfer_convert.recipe.materialize import DerivedWords
 from ninfer_convert.recipe.plan import Plan
 from ninfer_convert.source import SourceCheckpoint, open_source
 
@@ -326,7 +327,13 @@ def test_grouped_inputs_and_derivations(tmp_path: Path) -> None:
     assert m.needs_encoding and isinstance(m.value, EncodeInput)
     want = torch.cat([q, k, v], 0).T.contiguous().view(torch.uint16).numpy()
     assert m.value.source_dtype == "BF16" and m.value.words.dtype == np.uint16
-    assert np.array_equal(m.value.words, want) and m.value.words.flags.c_contiguous
+    # A derived input is produced a row block at a time, never built whole by materialize.
+    derived = m.value.words
+    assert isinstance(derived, DerivedWords) and derived.shape == want.shape
+    assert np.array_equal(derived.whole(), want)
+    for r0, r1 in [(0, 1), (3, 7), (5, 16)]:  # any row range, and column slices of it
+        assert np.array_equal(derived[r0:r1], want[r0:r1])
+        assert np.array_equal(derived[r0:r1, 2:5], want[r0:r1, 2:5])
     assert set(m.source_digests) == {"l.0.q", "l.0.k", "l.0.v"}
     assert (
         m.source_digests["l.0.k"]

@@ -27,9 +27,10 @@ Contract of :func:`verify_artifact`:
   (its re-derivation, its packed planes, its source words) at a time, with convert's rule for
   bytes in flight (at most the largest tensor's source bytes, or 256 MiB when that is larger;
   a larger tensor runs alone); numpy, xxhash and the encoders release the GIL.  A re-derived
-  tensor is packed with its layout and compared with the stored planes byte for byte (grouped
-  tensors on the host one row block at a time, digesting the stored slices on the way, so
-  their planes are never built); only a tensor that differs is derived whole, decoded by the
+  tensor is packed with its layout and compared with the stored planes byte for byte one row
+  block at a time, digesting the stored slices on the way (grouped tensors on the host, and
+  direct formats and copy paths on every device: their planes are never built, and such a
+  tensor is admitted at no cost); only a tensor that differs is derived whole, decoded by the
   reader and compared word by word.  The stored planes and source bytes of the tensors ahead
   are read into the page cache in the background (:mod:`ninfer_convert.readahead`).  Results are
   deterministic: findings are ordered by check, then by stored tensor order, whatever the
@@ -260,10 +261,21 @@ def _blockwise(ctx: _SourceContext, entry: PlanEntry) -> bool:
     return lookup_format(entry.format).is_grouped and ctx.device == "cpu"
 
 
-def _mapped_only(entry: PlanEntry) -> bool:
-    """Whether materialize hands the encoder a view of the memory-mapped source: one source
-    tensor and only reshapes (a concat or a transpose builds a copy)."""
-    return len(entry.sources) == 1 and all(step.op == "reshape" for step in entry.transforms)
+def _streamed(entry: PlanEntry) -> bool:
+    """Whether the tensor is a direct format or a copy path, re-derived and compared block by
+    block."""
+    from ..recipe.materialize import streams_directly
+
+    return streams_directly(entry) or entry.copy is not None
+
+
+def _input_streams(entry: PlanEntry) -> bool:
+    """Whether materialize hands the encoder its input without building the tensor: a view of
+    the memory-mapped source, or a :class:`~ninfer_convert.recipe.materialize.DerivedWords`
+    that derives row blocks on request; only a transpose after a concat builds the
+    concatenation whole."""
+    ops = [step.op for step in entry.transforms]
+    return not ("concat" in ops and "transpose" in ops[ops.index("concat") :])
 
 
 def _check_tensor(
@@ -291,7 +303,11 @@ def _check_tensor(
     if ctx is None or entry is None:  # no source, or reported once by the inventory check
         _read_and_check_values(art, name, out)
         return out
-    from ..convert import derive_packed, host_grouped_equals  # convert's own derivation
+    from ..convert import (  # convert's own derivation
+        derive_packed,
+        host_grouped_equals,
+        host_stream_equals,
+    )
 
     # On the host, grouped tensors are re-encoded and packed block by block and each block is
     # compared with its slice of the stored planes while it is in cache; the statistics come
@@ -313,6 +329,17 @@ def _check_tensor(
                 Finding.of("integrity", e)
                 for e in art.plane_digest_problems(name, [d.hexdigest() for d in plane_digests])
             ]
+        elif _streamed(entry):
+            # Direct formats and copy paths: re-derived a block at a time, each block compared
+            # with its slice of the stored planes and the slice digested on the way.
+            plane_digests = [art.new_plane_digest() for _ in info.planes]
+            with _stored_planes(art, name) as stored_planes:
+                equal, digests = host_stream_equals(entry, ctx.source, stored_planes, plane_digests)
+            out.integrity = [
+                Finding.of("integrity", e)
+                for e in art.plane_digest_problems(name, [d.hexdigest() for d in plane_digests])
+            ]
+            enc = None
         else:
             packed = derive_packed(
                 entry, ctx.source, device=ctx.device, threads=ctx.threads, on_block=acc
@@ -374,7 +401,7 @@ def _check_tensor(
         and (callable(found) or isinstance(found, GroupedCodes))
     ):
         checked, mismatches = oracle_sample(
-            fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,
+            fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows and columns by slices only
             shape=(int(info.shape[0]), int(info.shape[1])),
         )  # fmt: skip
         out.oracle_groups = checked
@@ -388,7 +415,10 @@ def _check_tensor(
         and enc is not None
         and not callable(found)
     ):
-        out.stats = error_stats(fmt, name, enc.words, enc.source_dtype, found)
+        from ..recipe.materialize import DerivedWords
+
+        words = enc.words.whole() if isinstance(enc.words, DerivedWords) else enc.words
+        out.stats = error_stats(fmt, name, words, enc.source_dtype, found)
     return out
 
 
@@ -880,7 +910,9 @@ def _run_tensors(
         if entry is None:
             return art.tensors[name].nbytes
         assert ctx is not None
-        return 0 if _blockwise(ctx, entry) and _mapped_only(entry) else entry.source_bytes
+        if _streamed(entry) or (_blockwise(ctx, entry) and _input_streams(entry)):
+            return 0
+        return entry.source_bytes
 
     def source_bytes(name: str) -> int:
         entry = entry_of(name)

@@ -1,0 +1,298 @@
+"""Peak memory and throughput per source dtype and output family, and the tensor-count curve.
+
+    python benchmarks/bench_memory.py [--mib 256] [--paths all|NAME,...] [--counts 2500,...]
+                                      [--sparse-gib 0] [--jobs 2] [--json out.json]
+
+Part 1 (``--mib``): one checkpoint per source dtype (BF16, F16, F32, I64) holding a single
+[rows, 4096] tensor of about ``--mib`` MiB, then for every path (source dtype x output family:
+direct copy, conversion, grouped Q4G64_F16S, derive with transpose) one ``ninfer convert`` and
+one ``ninfer verify`` in a fresh subprocess whose RssAnon is sampled every 10 ms.  Baselines
+measured in the same run, right before each path, on the same files: ``cp`` + ``sync`` of the
+source (for convert) and ``cat`` of source + artifact (for verify).  Ratios > 1 mean faster
+than the baseline.  The memory target of issue 12 is 256 MiB + 64 MiB x jobs.  The page cache
+is warm (the machine is shared, dropping it is not ours to do): baselines and runs both read
+from cache, so the ratios compare CPU and write costs.
+
+Part 2 (``--counts``): checkpoints of N one-element BF16 tensors; convert, verify and
+``open_artifact`` time per N, the per-tensor cost (slope between the smallest and the largest
+N) and the ``cp`` time of the same bytes.
+
+``--sparse-gib G`` adds one run with a sparse BF16 [rows, 4096] tensor of G GiB (zeros; the
+disk holds only the artifact) converted to Q4G64_F16S and verified, to show that memory does
+not follow the tensor size; its output is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PeakRssAnon, machine
+
+COLS = 4096
+EVIDENCE = """\
+evidence:
+  - id: bench
+    citation: synthetic benchmark, no quality claim
+    summary: memory and throughput measurement only
+"""
+# name -> (source dtype, rule body); the tensor is named "w.weight".
+PATHS: dict[str, tuple[str, str]] = {
+    "BF16->BF16 copy": ("BF16", "format: BF16"),
+    "BF16->FP32": ("BF16", "format: FP32\n    conversion: bf16-to-f32"),
+    "F16->BF16": ("F16", "format: BF16\n    conversion: f16-to-bf16-rne"),
+    "F16->FP32": ("F16", "format: FP32\n    conversion: f16-to-f32"),
+    "F32->BF16": ("F32", "format: BF16\n    conversion: f32-to-bf16-rne"),
+    "F32->FP32 copy": ("F32", "format: FP32"),
+    "I64->I32": ("I64", "format: I32\n    conversion: int-to-i32"),
+    "BF16->Q4G64_F16S": (
+        "BF16",
+        "format: Q4G64_F16S\n    encoder_profile: MAXABS_F16_RECIP_RNE_V1",
+    ),
+    "F16->Q4G64_F16S": ("F16", "format: Q4G64_F16S\n    encoder_profile: MAXABS_F16_RECIP_RNE_V1"),
+    "F32->Q4G64_F16S": ("F32", "format: Q4G64_F16S\n    encoder_profile: MAXABS_F16_RECIP_RNE_V1"),
+    "BF16 transpose->Q4G64_F16S": (
+        "BF16",
+        "format: Q4G64_F16S\n    encoder_profile: MAXABS_F16_RECIP_RNE_V1\n"
+        "    transforms: [transpose]",
+    ),
+    "F16 transpose->BF16": (
+        "F16",
+        "format: BF16\n    conversion: f16-to-bf16-rne\n    transforms: [transpose]",
+    ),
+}
+WORD = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32, "I64": np.int64}
+
+
+def recipe(body: str, match: str = "w.weight") -> str:
+    lossy = "encoder_profile" in body or "rne" in body
+    return (
+        'ninfer_recipe: 1\nname: bench-memory\nversion: "1"\nsource:\n  model_type: [llama]\n'
+        f"rules:\n  - match: '{match}'\n    " + body + "\n    role: weight\n"
+        + ("    evidence: [bench]\n" + EVIDENCE if lossy else "")
+    )  # fmt: skip
+
+
+def write_source(root: Path, dtype: str, rows: int, cols: int = COLS, sparse: bool = False) -> int:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    word = np.dtype(WORD[dtype])
+    nbytes = rows * cols * word.itemsize
+    header = {"w.weight": {"dtype": dtype, "shape": [rows, cols], "data_offsets": [0, nbytes]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal(1 << 20, dtype=np.float32)
+    if dtype == "BF16":
+        pool = (values.view(np.uint32) >> 16).astype(np.uint16)
+    elif dtype == "F16":
+        pool = values.astype(np.float16).view(np.uint16)
+    elif dtype == "F32":
+        pool = values.view(np.uint32)
+    else:
+        pool = (values * 1000).astype(np.int64)
+    with open(root / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        if sparse:
+            f.truncate(8 + len(raw) + nbytes)
+        else:
+            left = rows * cols
+            k = 0
+            while left:
+                step = min(left, pool.size)
+                f.write(np.roll(pool, k)[:step].tobytes())
+                k += 7919
+                left -= step
+    return nbytes
+
+
+def run(cmd: list[str]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakRssAnon(proc.pid) as peak:
+        _out, err = proc.communicate()
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    return dt, peak.peak_kib * 1024
+
+
+def shell_time(cmd: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, shell=True, check=True)
+    return time.perf_counter() - t0
+
+
+def files_of(*dirs: Path) -> str:
+    return " ".join(
+        str(p) for d in dirs for p in sorted(d.iterdir()) if p.suffix in (".safetensors", ".ninfer")
+    )
+
+
+def part_paths(work: Path, mib: int, names: list[str], jobs: int) -> list[dict[str, object]]:
+    exe = [sys.executable, "-m", "ninfer_convert"]
+    sources: dict[str, tuple[Path, int]] = {}
+    rows_out = []
+    for name in names:
+        dtype, body = PATHS[name]
+        if dtype not in sources:
+            rows = max(64, (mib << 20) // (COLS * np.dtype(WORD[dtype]).itemsize) // 64 * 64)
+            src = work / f"src-{dtype}"
+            sources[dtype] = (src, write_source(src, dtype, rows))
+        src, nbytes = sources[dtype]
+        r = work / "recipe.yaml"
+        r.write_text(recipe(body))
+        out = work / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(work / "cp", ignore_errors=True)
+        t_cp = shell_time(f"cp -r {src} {work / 'cp'} && sync")
+        shutil.rmtree(work / "cp")
+        t_conv, m_conv = run([*exe, "convert", str(src), "--recipe", str(r), "--output", str(out),
+                              "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
+        t_cat = shell_time(f"cat {files_of(src, out)} > /dev/null")
+        t_ver, m_ver = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
+                            "--json"])  # fmt: skip
+        row = {
+            "path": name,
+            "source_bytes": nbytes,
+            "cp_sync_s": t_cp,
+            "convert_s": t_conv,
+            "convert_vs_cp": t_cp / t_conv,
+            "convert_gb_s": nbytes / t_conv / 1e9,
+            "convert_peak_rss_anon": m_conv,
+            "cat_s": t_cat,
+            "verify_s": t_ver,
+            "verify_vs_cat": t_cat / t_ver,
+            "verify_peak_rss_anon": m_ver,
+        }
+        rows_out.append(row)
+        print(
+            f"| {name} | {nbytes / 2**20:.0f} | {t_cp:.2f} | {t_conv:.2f} | {t_cp / t_conv:.2f}x | "
+            f"{nbytes / t_conv / 1e9:.2f} | {m_conv / 2**20:.0f} | {t_cat:.2f} | {t_ver:.2f} | "
+            f"{t_cat / t_ver:.2f}x | {m_ver / 2**20:.0f} |",
+            flush=True,
+        )
+        shutil.rmtree(out)
+    for src, _ in sources.values():
+        shutil.rmtree(src)
+    return rows_out
+
+
+def many(root: Path, count: int) -> None:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    header = {
+        f"model.layers.{i}.w.weight": {
+            "dtype": "BF16",
+            "shape": [1],
+            "data_offsets": [2 * i, 2 * i + 2],
+        }
+        for i in range(count)
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    words = (np.arange(count, dtype=np.uint16) % 0x3F00).tobytes()
+    (root / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + words)
+
+
+def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, float]]:
+    exe = [sys.executable, "-m", "ninfer_convert"]
+    r = work / "recipe.yaml"
+    r.write_text(recipe("format: BF16", "re:.*\\.weight"))
+    out_rows = []
+    for n in counts:
+        src, out = work / f"many-{n}", work / "out"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        many(src, n)
+        t_cp = shell_time(f"cp -r {src} {work / 'cp'} && sync")
+        shutil.rmtree(work / "cp")
+        t_conv, _ = run([*exe, "convert", str(src), "--recipe", str(r), "--output", str(out),
+                         "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
+        t_ver, _ = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
+                        "--json"])  # fmt: skip
+        code = (
+            "import time; t=time.perf_counter(); from ninfer_convert.container import "
+            f"open_artifact; open_artifact({str(out)!r}); print(time.perf_counter()-t)"
+        )
+        t_open = float(subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                                      capture_output=True).stdout)  # fmt: skip
+        row = {"tensors": n, "cp_s": t_cp, "convert_s": t_conv, "verify_s": t_ver, "open_s": t_open}
+        out_rows.append(row)
+        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_ver:.2f} | {t_open:.2f} |", flush=True)
+        shutil.rmtree(src)
+        shutil.rmtree(out)
+    if len(out_rows) >= 2:
+        a, b = out_rows[0], out_rows[-1]
+        dn = b["tensors"] - a["tensors"]
+        for key in ("convert_s", "verify_s", "open_s"):
+            print(f"per-tensor cost of {key[:-2]}: {(b[key] - a[key]) / dn * 1e6:.0f} us")
+    return out_rows
+
+
+def part_sparse(work: Path, gib: float, jobs: int) -> list[dict[str, object]]:
+    exe = [sys.executable, "-m", "ninfer_convert"]
+    results = []
+    for name in ("BF16->Q4G64_F16S", "F32->Q4G64_F16S"):
+        dtype = PATHS[name][0]
+        rows = int(gib * 2**30) // (COLS * np.dtype(WORD[dtype]).itemsize) // 64 * 64
+        src, out = work / "sparse", work / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(src, ignore_errors=True)
+        nbytes = write_source(src, dtype, rows, sparse=True)
+        r = work / "recipe.yaml"
+        r.write_text(recipe(PATHS[name][1]))
+        t_conv, m_conv = run([*exe, "convert", str(src), "--recipe", str(r), "--output", str(out),
+                              "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
+        t_ver, m_ver = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
+                            "--json"])  # fmt: skip
+        print(f"sparse {nbytes / 2**30:.1f} GiB {name}: convert {t_conv:.1f} s, peak RssAnon "
+              f"{m_conv / 2**20:.0f} MiB; verify {t_ver:.1f} s, peak RssAnon "
+              f"{m_ver / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        results.append({"path": name, "source_bytes": nbytes, "convert_s": t_conv,
+                        "convert_peak_rss_anon": m_conv, "verify_s": t_ver,
+                        "verify_peak_rss_anon": m_ver})  # fmt: skip
+        shutil.rmtree(out)
+        shutil.rmtree(src)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/ninfer-bench-memory"))
+    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--paths", default="all")
+    ap.add_argument("--counts", default="2500,10000,20000")
+    ap.add_argument("--sparse-gib", type=float, default=0.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, object] = {"machine": machine(), "jobs": args.jobs}
+    names = list(PATHS) if args.paths == "all" else args.paths.split(",")
+    if args.mib > 0 and names != [""]:
+        print(f"memory target: {256 + 64 * args.jobs} MiB peak RssAnon")
+        print("| path | MiB | cp+sync s | convert s | vs cp | GB/s | peak MiB | cat s | verify s "
+              "| vs cat | peak MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+        results["paths"] = part_paths(args.workdir, args.mib, names, args.jobs)
+    if args.counts:
+        print("| tensors | cp s | convert s | verify s | open s |\n|---|---|---|---|---|")
+        results["counts"] = part_counts(args.workdir, [int(c) for c in args.counts.split(",")],
+                                        args.jobs)  # fmt: skip
+    if args.sparse_gib > 0:
+        results["sparse"] = part_sparse(args.workdir, args.sparse_gib, args.jobs)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
