@@ -380,12 +380,19 @@ def _run_causal(model: Any, ids: list[list[int]], max_tokens: int, device: str) 
     )  # fmt: skip
     logits: list[torch.Tensor] = []
     conts: list[list[int]] = []
-    for seq in ids:
-        x = torch.tensor([seq], dtype=torch.long, device=device)
-        mask = torch.ones_like(x)
-        logits.append(model(input_ids=x, attention_mask=mask).logits[0].float().cpu())
-        out = model.generate(input_ids=x, attention_mask=mask, generation_config=greedy)
-        conts.append([int(t) for t in out[0, len(seq) :]])
+    # generate() fills every field the given config leaves unset from model.generation_config
+    # (a checkpoint's repetition_penalty, EOS, ...): the model gets the greedy config too.
+    saved = model.generation_config
+    model.generation_config = greedy
+    try:
+        for seq in ids:
+            x = torch.tensor([seq], dtype=torch.long, device=device)
+            mask = torch.ones_like(x)
+            logits.append(model(input_ids=x, attention_mask=mask).logits[0].float().cpu())
+            out = model.generate(input_ids=x, attention_mask=mask, generation_config=greedy)
+            conts.append([int(t) for t in out[0, len(seq) :]])
+    finally:
+        model.generation_config = saved
     return _CausalRun(logits, conts)
 
 
@@ -526,7 +533,10 @@ def _sqnr(
     for i, key in enumerate(weights):
         stored = weights.stored_name(key)
         fmt = art.tensors[stored].format
-        if key not in src.tensors:
+        copied = any(
+            t["op"] == "copy-quantized" for t in art.tensors[stored].provenance["transforms"]
+        )
+        if copied or key not in src.tensors:
             continue  # a copy-path output: its source is an encoding, not values
         x = _source_f64(src.read(key).words, src.tensors[key].dtype)
         y = weights[key].double().numpy()

@@ -269,3 +269,91 @@ def test_running_out_of_memory_is_a_resource_error(
     monkeypatch.setattr(ev, "_evaluate", oom)
     with pytest.raises(ResourceError, match="out of memory"):
         evaluate_artifact(artifacts["good"])
+
+
+def test_greedy_continuations_ignore_the_checkpoints_generation_config(tmp_path: Path) -> None:
+    """generate() fills unset fields from model.generation_config; a checkpoint's
+    repetition_penalty must not turn the greedy comparison into something else."""
+    transformers = pytest.importorskip("transformers")
+    import shutil
+
+    import torch
+
+    from ninfer_convert.evaluate import _run_causal
+
+    src = tmp_path / "src"
+    shutil.copytree(BF16_DIR, src)
+    gen = {"repetition_penalty": 3.0, "eos_token_id": 80, "transformers_version": "5.0.0"}
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    seq = list(b"one two three four")
+    with torch.inference_mode():
+        got = _run_causal(model, [seq], 10, "cpu").continuations[0]
+        x = torch.tensor([seq])
+        want = []
+        for _ in range(10):
+            want.append(int(model(input_ids=x).logits[0, -1].argmax()))
+            x = torch.cat([x, torch.tensor([[want[-1]]])], 1)
+    assert got == want
+    assert model.generation_config.repetition_penalty == 3.0  # restored afterwards
+
+
+_COPY_HEAD = """\
+ninfer_recipe: 1
+name: t
+version: "1"
+source:
+  model_type: llama
+evidence:
+  - id: e1
+    citation: c
+    summary: s
+rules:
+  - match: p.weight
+    copy: {scheme}
+    format: {fmt}
+    role: w
+  - match: '*'
+    format: FP32
+    role: other
+"""
+
+
+@pytest.mark.parametrize(
+    ("scheme", "fmt"),
+    [("compressed-tensors-fp8-channel", "FP8_E4M3FN_ROW_BF16S"), ("modelopt-nvfp4", "NVFP4")],
+)
+def test_sqnr_leaves_out_copy_path_tensors_stored_under_their_source_name(
+    tmp_path: Path, scheme: str, fmt: str
+) -> None:
+    """FP8-channel and ModelOpt NVFP4 keep the weight's own name (X.weight): its source words
+    are codes, not values, so they must not be compared (bogus dB, or a shape crash)."""
+    import torch
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    u8 = np.tile(np.arange(0, 8, dtype=np.uint8), (3, 4))  # [3, 32]
+    if scheme == "modelopt-nvfp4":
+        tensors = {
+            "p.weight": torch.from_numpy(np.ascontiguousarray(u8[:, :16])),
+            "p.weight_scale": torch.full((3, 2), 0x38, dtype=torch.uint8).view(
+                torch.float8_e4m3fn
+            ),
+            "p.weight_scale_2": torch.tensor(0.125),
+        }
+    else:
+        tensors = {
+            "p.weight": torch.from_numpy(u8).view(torch.float8_e4m3fn),
+            "p.weight_scale": torch.tensor([[0.5], [1.5], [2.0]]),
+        }
+    tensors["n.weight"] = torch.ones(4)
+    save_file(tensors, str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(_COPY_HEAD.format(scheme=scheme, fmt=fmt))
+    convert_checkpoint(src, recipe, tmp_path / "o", device="cpu", jobs=1)
+    r = evaluate_artifact(tmp_path / "o", sqnr=True, run_model=False)
+    assert r.sqnr is not None
+    assert "p.weight" not in {t.name for t in r.sqnr}
+    assert "n.weight" in {t.name for t in r.sqnr}
