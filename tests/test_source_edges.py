@@ -503,7 +503,8 @@ def test_writer_records_relative_side_file_names(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name",
     ["../x", "a/../b", "/abs", "a//b", "a/", "./a", "a\\b", "A/model.NINFER", "MODEL.NINFER",
-     "/".join("d" * 9), "x" * 256],
+     "/".join("d" * 9), "x" * 256, "model.ninfer/config.json", "Model.Ninfer.Index.Json/x",
+     "a/model-00001-of-00002.ninfer/x"],
 )  # fmt: skip
 def test_writer_refuses_side_file_names_outside_the_rules(tmp_path: Path, name: str) -> None:
     src = tmp_path / "f"

@@ -156,10 +156,11 @@ def check_side_file_name(name: str, where: str) -> None:
     problem = side_file_path_problem(name)
     if problem is not None:
         raise SchemaError(where, problem)
-    folded = name.casefold()
-    if (
-        folded in (SINGLE_NAME, INDEX_NAME)
-        or parse_shard_name(folded) is not None
-        or folded.endswith(".ninfer")
-    ):
-        raise SchemaError(where, f"side file name {name!r} is reserved for container files")
+    # Every component: a folder named model.ninfer would take the container file's place.
+    for folded in name.casefold().split("/"):
+        if (
+            folded in (SINGLE_NAME, INDEX_NAME)
+            or parse_shard_name(folded) is not None
+            or folded.endswith(".ninfer")
+        ):
+            raise SchemaError(where, f"side file name {name!r} is reserved for container files")
