@@ -138,8 +138,9 @@ class TensorSqnr:
     stored: str
     format: str
     sqnr_db: float | None
-    """10 log10(sum x^2 / sum (x - y)^2); None when ``exact`` or when the source is all zeros
-    and the artifact is not (no finite ratio)."""
+    """10 log10(sum x^2 / sum (x - y)^2); None when ``exact``, when the source is all zeros
+    and the artifact is not, or when a sum is not finite (an infinity, or a NaN in one of the
+    two only): no finite ratio.  A NaN or infinity at the same place in both counts as equal."""
     exact: bool
     """The artifact's values equal the source's (no noise)."""
 
@@ -540,10 +541,17 @@ def _sqnr(
             continue  # a copy-path output: its source is an encoding, not values
         x = _source_f64(src.read(key).words, src.tensors[key].dtype)
         y = weights[key].double().numpy()
+        # A NaN or infinity the artifact keeps in place (stored losslessly) is no noise.
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
         with np.errstate(invalid="ignore", over="ignore"):
-            noise = float(np.sum((x - y) ** 2))
-            signal = float(np.sum(x * x))
-        db = None if noise == 0 or signal == 0 else 10 * math.log10(signal / noise)
+            noise = float(np.sum(np.where(same, 0.0, x - y) ** 2))
+            signal = float(np.sum(np.where(np.isnan(x) & np.isnan(y), 0.0, x) ** 2))
+        finite = math.isfinite(noise) and math.isfinite(signal)
+        db = (
+            10 * (math.log10(signal) - math.log10(noise))
+            if finite and noise > 0 and signal > 0
+            else None
+        )
         out.append(TensorSqnr(key, stored, fmt, db, noise == 0))
         if progress is not None and (i + 1) % 50 == 0:
             progress(f"sqnr {i + 1}/{len(weights)}")

@@ -357,3 +357,27 @@ def test_sqnr_leaves_out_copy_path_tensors_stored_under_their_source_name(
     assert r.sqnr is not None
     assert "p.weight" not in {t.name for t in r.sqnr}
     assert "n.weight" in {t.name for t in r.sqnr}
+
+
+def test_sqnr_json_survives_a_losslessly_stored_nan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN copied word for word is no noise (the tensor is exact), and no NaN reaches the
+    JSON (json.dumps(allow_nan=False) raised a traceback)."""
+    import torch
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    nan = torch.tensor([1.0, float("nan"), float("-inf")], dtype=torch.bfloat16)
+    save_file({"a.weight": nan, "b.weight": torch.ones(2, dtype=torch.bfloat16)},
+              str(src / "model.safetensors"))  # fmt: skip
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(ALL_BF16.format(model_type="llama", fmt="BF16"))
+    convert_checkpoint(src, recipe, tmp_path / "o", device="cpu", jobs=1)
+    code = main(["eval", str(tmp_path / "o"), "--sqnr-only", "--json", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0
+    tensors = {t["name"]: t for t in json.loads(out)["sqnr"]["tensors"]}
+    assert tensors["a.weight"]["exact"] is True and tensors["a.weight"]["sqnr_db"] is None
