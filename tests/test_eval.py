@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from recipe_fixtures import RECIPE_HEAD
 
 from ninfer_convert.cli import main
 from ninfer_convert.container import ArtifactWriter, open_artifact
@@ -298,17 +299,7 @@ def test_greedy_continuations_ignore_the_checkpoints_generation_config(tmp_path:
     assert model.generation_config.repetition_penalty == 3.0  # restored afterwards
 
 
-_COPY_HEAD = """\
-ninfer_recipe: 1
-name: t
-version: "1"
-source:
-  model_type: llama
-evidence:
-  - id: e1
-    citation: c
-    summary: s
-rules:
+_COPY_RULES = """\
   - match: p.weight
     copy: {scheme}
     format: {fmt}
@@ -337,9 +328,7 @@ def test_sqnr_leaves_out_copy_path_tensors_stored_under_their_source_name(
     if scheme == "modelopt-nvfp4":
         tensors = {
             "p.weight": torch.from_numpy(np.ascontiguousarray(u8[:, :16])),
-            "p.weight_scale": torch.full((3, 2), 0x38, dtype=torch.uint8).view(
-                torch.float8_e4m3fn
-            ),
+            "p.weight_scale": torch.full((3, 2), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn),
             "p.weight_scale_2": torch.tensor(0.125),
         }
     else:
@@ -351,7 +340,7 @@ def test_sqnr_leaves_out_copy_path_tensors_stored_under_their_source_name(
     save_file(tensors, str(src / "model.safetensors"))
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(_COPY_HEAD.format(scheme=scheme, fmt=fmt))
+    recipe.write_text(RECIPE_HEAD + _COPY_RULES.format(scheme=scheme, fmt=fmt))
     convert_checkpoint(src, recipe, tmp_path / "o", device="cpu", jobs=1)
     r = evaluate_artifact(tmp_path / "o", sqnr=True, run_model=False)
     assert r.sqnr is not None
