@@ -38,7 +38,6 @@ of identical weights give identical logits (an all-BF16 artifact gives KL exactl
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -54,6 +53,7 @@ from .container import Artifact, open_artifact
 from .errors import ArtifactError, ResourceError, SourceError, UsageError
 from .loader import ArtifactStateDict, load_state_dict
 from .source import open_source
+from .source.header import loads_strict_json
 from .verify import check_artifact_path
 from .words import bf16_to_f32_words, f16_to_f32_words
 
@@ -461,9 +461,11 @@ def _pooling(source_dir: Path | None) -> str:
         cfg = source_dir / "1_Pooling" / "config.json"
         if cfg.is_file():
             try:
-                doc = json.loads(cfg.read_text("utf-8"))
+                doc = loads_strict_json(cfg.read_text("utf-8"))  # nesting bounded
             except (OSError, ValueError) as exc:
                 raise UsageError(f"cannot read pooling config: {exc}", path=str(cfg)) from None
+            if not isinstance(doc, dict):
+                raise UsageError("the pooling config is not a JSON object", path=str(cfg))
             if doc.get("pooling_mode_cls_token"):
                 return "cls"
             if doc.get("pooling_mode_mean_tokens", True):
@@ -722,7 +724,7 @@ def _read_config(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text("utf-8"))
+        doc = loads_strict_json(path.read_text("utf-8"))  # nesting bounded
     except (OSError, ValueError) as exc:
         raise SourceError(f"cannot read config.json: {exc}", path=str(path)) from None
     return doc if isinstance(doc, dict) else None

@@ -370,3 +370,28 @@ def test_sqnr_json_survives_a_losslessly_stored_nan(
     assert code == 0
     tensors = {t["name"]: t for t in json.loads(out)["sqnr"]["tensors"]}
     assert tensors["a.weight"]["exact"] is True and tensors["a.weight"]["sqnr_db"] is None
+
+
+def test_deeply_nested_source_json_is_a_typed_error_not_a_recursion_error(
+    artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from ninfer_convert.evaluate import _pooling
+
+    src = tmp_path / "src"
+    shutil.copytree(BF16_DIR, src)
+    deep = "[" * 100_000 + "]" * 100_000
+    cfg = (src / "config.json").read_text().rstrip().removesuffix("}")
+    (src / "config.json").write_text(cfg + f', "x": {deep}}}')
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world\n")
+    code = main(["eval", str(artifacts["good"]), "--source", str(src), "--prompts", str(prompts),
+                 "-q"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4 and "nested deeper" in err and "Traceback" not in err
+    (src / "1_Pooling").mkdir()
+    for text, needle in [(deep, "nested deeper"), ("[]", "not a JSON object")]:
+        (src / "1_Pooling" / "config.json").write_text(text)
+        with pytest.raises(UsageError, match=needle):
+            _pooling(src)
