@@ -13,8 +13,8 @@ Contract (docs/cli.md, "ninfer eval"):
   :class:`~ninfer_convert.errors.ArtifactError`: a partly overwritten model would compare the
   source with itself.  Artifact tensors the model has no place for are listed in the report
   (``unused_tensors``), not compared.
-* Causal LMs (``...ForCausalLM``, ``...ForConditionalGeneration``, ``...LMHeadModel``): at every
-  prompt position, top-1 agreement of the next-token argmax and KL(source || artifact) of the
+* Causal LMs (``...ForCausalLM``, ``...ForConditionalGeneration``, ``...LMHeadModel``; an
+  encoder-decoder model such as T5 is a UsageError): at every prompt position, top-1 agreement of the next-token argmax and KL(source || artifact) of the
   next-token distributions (float64 log-softmax of float32 logits); perplexity of each model on
   the prompt tokens themselves; and greedy continuations of ``max_tokens`` tokens
   (``generate`` with a fresh greedy generation config: no sampling, no penalty, EOS not
@@ -677,6 +677,14 @@ def _evaluate(
         say(f"loading the source into {cls.__name__}")
         model_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
         model = cls.from_pretrained(src_path, dtype=model_dtype).to(device).eval()
+        if getattr(model.config, "is_encoder_decoder", False):
+            # T5, BART, Whisper: "...ForConditionalGeneration" too, but not run like either kind.
+            raise UsageError(
+                f"{cls.__name__} is an encoder-decoder model; eval supports causal LMs and "
+                "encoders",
+                path=src_path,
+                hint="use --sqnr-only to compare the values",
+            )
         text_config = model.config.get_text_config()
         vocab = int(getattr(text_config, "vocab_size", 0) or 0)
         toks = _tokenize(transformers, src_dir, plist, vocab)

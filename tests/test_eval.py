@@ -395,3 +395,24 @@ def test_deeply_nested_source_json_is_a_typed_error_not_a_recursion_error(
         (src / "1_Pooling" / "config.json").write_text(text)
         with pytest.raises(UsageError, match=needle):
             _pooling(src)
+
+
+def test_an_encoder_decoder_model_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T5's class ends in ForConditionalGeneration like Qwen3.5's, but it is no causal LM."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=300, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                   num_heads=2, decoder_start_token_id=0)  # fmt: skip
+    transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(ALL_BF16.format(model_type="t5", fmt="FP32"))
+    convert_checkpoint(tmp_path / "t5", recipe, tmp_path / "o", device="cpu", jobs=1)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world\n")
+    code = main(["eval", str(tmp_path / "o"), "--prompts", str(prompts), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "encoder-decoder" in err and "Traceback" not in err
