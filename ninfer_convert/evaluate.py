@@ -14,11 +14,13 @@ Contract (docs/cli.md, "ninfer eval"):
   source with itself.  Artifact tensors the model has no place for are listed in the report
   (``unused_tensors``), not compared.
 * Causal LMs (``...ForCausalLM``, ``...ForConditionalGeneration``, ``...LMHeadModel``; an
-  encoder-decoder model such as T5 is a UsageError): at every prompt position, top-1 agreement of the next-token argmax and KL(source || artifact) of the
-  next-token distributions (float64 log-softmax of float32 logits); perplexity of each model on
-  the prompt tokens themselves; and greedy continuations of ``max_tokens`` tokens
-  (``generate`` with a fresh greedy generation config: no sampling, no penalty, EOS not
-  special), compared token by token.
+  encoder-decoder model such as T5 is a UsageError): at every prompt position, top-1
+  agreement of the next-token argmax and KL(source || artifact) of the next-token
+  distributions (float64 log-softmax of float32 logits); perplexity of each model on the
+  prompt tokens themselves; and greedy continuations of ``max_tokens`` tokens (``generate``
+  with a fresh greedy generation config, also set as the model's so that nothing of the
+  checkpoint's generation_config.json applies: no sampling, no penalty, EOS not special),
+  compared token by token.
 * Encoders (``...Model``, e.g. BERT or a sentence-transformers folder): pooled embeddings (the
   pooling of ``1_Pooling/config.json`` when present: mean or CLS; mean otherwise), cosine
   similarity per prompt (min and mean) and nearest-neighbour agreement (for each prompt, the
