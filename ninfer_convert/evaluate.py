@@ -666,7 +666,9 @@ def _evaluate(
                 path=src_path,
                 hint="pass the model directory with --source, or use --sqnr-only",
             )
-        config = _read_config(src_dir / "config.json")
+        # The source reader's checks (weights present, config.json a bounded JSON object):
+        # typed errors here rather than a traceback from from_pretrained.
+        config = open_source(src_dir).config
         if config is not None and "quantization_config" in config:
             raise UsageError(
                 "the source is itself quantized (config.json has a quantization_config); eval "
@@ -728,16 +730,6 @@ def _evaluate(
         return EvalReport(sqnr=sq, elapsed_s=time.perf_counter() - started, **report_kw)
     finally:
         art.close()
-
-
-def _read_config(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        doc = loads_strict_json(path.read_text("utf-8"))  # nesting bounded
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"cannot read config.json: {exc}", path=str(path)) from None
-    return doc if isinstance(doc, dict) else None
 
 
 def threshold_failures(

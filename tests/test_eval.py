@@ -416,3 +416,17 @@ def test_an_encoder_decoder_model_is_a_usage_error_not_a_traceback(
     code = main(["eval", str(tmp_path / "o"), "--prompts", str(prompts), "-q"])
     err = capsys.readouterr().err
     assert code == 2 and "encoder-decoder" in err and "Traceback" not in err
+
+
+def test_a_source_without_weights_is_a_source_error_not_a_traceback(
+    artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "cfg-only"
+    src.mkdir()
+    (src / "config.json").write_text((BF16_DIR / "config.json").read_text())
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello world\n")
+    code = main(["eval", str(artifacts["good"]), "--source", str(src), "--prompts", str(prompts),
+                 "-q"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4 and "Traceback" not in err and str(src) in err
