@@ -504,7 +504,7 @@ def test_writer_records_relative_side_file_names(tmp_path: Path) -> None:
     "name",
     ["../x", "a/../b", "/abs", "a//b", "a/", "./a", "a\\b", "A/model.NINFER", "MODEL.NINFER",
      "/".join("d" * 9), "x" * 256, "model.ninfer/config.json", "Model.Ninfer.Index.Json/x",
-     "a/model-00001-of-00002.ninfer/x"],
+     "a/model-00001-of-00002.ninfer/x", "shard-00001.partial", "SHARD-123456.partial"],
 )  # fmt: skip
 def test_writer_refuses_side_file_names_outside_the_rules(tmp_path: Path, name: str) -> None:
     src = tmp_path / "f"
@@ -537,6 +537,20 @@ def test_writer_refuses_a_non_regular_source_without_blocking(tmp_path: Path, ki
     with ArtifactWriter(tmp_path / "art", metadata=META) as w:
         with pytest.raises(UsageError, match="not a regular file"):
             within(10, lambda: w.add_file(src, "tokenizer.json"))
+        w.abort()
+
+
+def test_a_source_file_named_like_the_writers_temporary_shard_is_left_out(tmp_path: Path) -> None:
+    """shard-00001.partial is the writer's own name for the shard being written: copied as a
+    side file it crashed convert (FileExistsError), or was truncated by the next shard."""
+    root = model_dir(tmp_path / "m")
+    (root / "shard-00001.partial").write_text("mine")
+    convert_checkpoint(root, fp32_recipe(tmp_path), tmp_path / "o", device="cpu", jobs=1)
+    with open_artifact(tmp_path / "o") as art:
+        assert "shard-00001.partial" not in art.side_files and "config.json" in art.side_files
+    with ArtifactWriter(tmp_path / "art", metadata=META) as w:
+        with pytest.raises(UsageError, match="temporary shard name"):
+            w.add_file(root / "shard-00001.partial", "shard-00001.partial")
         w.abort()
 
 

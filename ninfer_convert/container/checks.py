@@ -8,6 +8,7 @@ decides whether that is a usage error (writer) or an artifact error (reader).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ..errors import NinferError
@@ -150,12 +151,19 @@ def check_placement(tensors: Iterable[TensorEntry], alignment: int, start: int, 
     return cursor
 
 
+_WRITER_TEMPORARY = re.compile(r"shard-\d{5,}\.partial")
+"""The names ``ArtifactWriter`` gives shards while they are written (in the same folder as
+the side files until commit)."""
+
+
 def check_side_file_name(name: str, where: str) -> None:
     """A side file name is a relative path of plain components that cannot be mistaken for a
     container file (docs/container.md section 4.6)."""
     problem = side_file_path_problem(name)
     if problem is not None:
         raise SchemaError(where, problem)
+    if _WRITER_TEMPORARY.fullmatch(name.casefold()):
+        raise SchemaError(where, f"side file name {name!r} is the writer's temporary shard name")
     # Every component: a folder named model.ninfer would take the container file's place.
     for folded in name.casefold().split("/"):
         if (

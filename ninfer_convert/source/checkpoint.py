@@ -110,6 +110,7 @@ SIDE_FILE_LEFT_OUT: tuple[tuple[str, str], ...] = (
     ("*.ot", "weights in another format (rust-bert)"),
     ("*.ninfer", "a .ninfer container: the output's own file names"),
     ("*.ninfer.index.json", "a .ninfer shard index: the output's own file names"),
+    ("shard-*.partial", "the converter's temporary shard file names"),
     ("desktop.ini", "operating-system junk (Windows)"),
     ("thumbs.db", "operating-system junk (Windows)"),
     ("ehthumbs.db", "operating-system junk (Windows)"),
