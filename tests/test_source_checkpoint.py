@@ -356,6 +356,20 @@ def test_repo_id_found_in_cache(tmp_path: Path) -> None:
     assert src.side_files[0].path.parent == snap
 
 
+def test_cache_snapshot_folder_given_as_a_path_keeps_its_side_files(tmp_path: Path) -> None:
+    """What snapshot_download returns: its files are symlinks into ../../blobs, which bound
+    them as for a repo id (they were refused as symlinks outside the source)."""
+    snap = _fake_cache(tmp_path / "hub", "acme/tiny", _model_files(tmp_path))
+    for path in (snap, Path(os.path.relpath(snap))):
+        src = open_source(path)
+        assert [p.name for p in src.side_files] == ["config.json", "tokenizer.json"]
+    # Only a real cache layout is widened: outside it, a link out of the folder is refused.
+    (tmp_path / "outside.json").write_text("{}")
+    os.symlink(tmp_path / "outside.json", snap / "extra.json")
+    with pytest.raises(SourceError, match=r"extra\.json: a symlink"):
+        open_source(snap)
+
+
 def test_repo_id_with_revision(tmp_path: Path) -> None:
     cache = tmp_path / "hub"
     _fake_cache(cache, "acme/tiny", _model_files(tmp_path), ref="v1")

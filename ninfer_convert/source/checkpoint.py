@@ -27,8 +27,9 @@ Contract:
   directory that the converter copies into the output, found by :func:`scan_side_files`
   under the rules of :data:`SIDE_FILE_LEFT_OUT` (docs/cli.md, "Side files"): regular files
   only, in subfolders too (kept with their relative path, ``1_Pooling/config.json``);
-  symlinks only when they resolve inside the source directory (for a cached repo id: inside
-  that repo's cache folder, where the snapshot's symlinks point); FIFOs, devices, sockets,
+  symlinks only when they resolve inside the source directory (for a cached repo id, or a
+  path to a cache snapshot folder: inside that repo's cache folder, where the snapshot's
+  symlinks point); FIFOs, devices, sockets,
   symlinked folders, names that are not UTF-8 or that the container cannot store, and names
   that collide on a case-insensitive or normalising file system are a SourceError listing
   every offender.  ``config.json`` and the shard index are read the same way (regular files,
@@ -331,7 +332,11 @@ def open_source(
         raise SourceError(f"cannot look it up: {exc.strerror or exc}", path=text) from exc
     if found:
         if p.is_dir():
-            return _open_dir(p)
+            # A snapshot folder of the Hugging Face cache given as a path (what
+            # snapshot_download returns) is bounded like a repo id.
+            real = Path(os.path.realpath(p))
+            cached = real.parent.name == "snapshots" and (real.parent.parent / "blobs").is_dir()
+            return _open_dir(p, bound=_cache_bound(real) if cached else None)
         if p.is_file():
             if p.suffix != ".safetensors":
                 raise SourceError(
@@ -343,14 +348,18 @@ def open_source(
         raise SourceError("neither a file nor a directory", path=str(p))
     if looks_like_repo_id(text):
         snapshot = resolve_cached_repo(text, cache_dir=cache_dir)
-        # A snapshot's files are symlinks to ../../blobs/: the repo's cache folder bounds them.
-        bound = snapshot.parent.parent if snapshot.parent.name == "snapshots" else snapshot
-        return _open_dir(snapshot, shown=text, bound=bound)
+        return _open_dir(snapshot, shown=text, bound=_cache_bound(snapshot))
     raise SourceError(
         "no such file or directory",
         path=str(p),
         hint="pass a model directory, a .safetensors file, or a cached org/name",
     )
+
+
+def _cache_bound(snapshot: Path) -> Path:
+    """What bounds a cache snapshot's symlinks: they point to ../../blobs/, so the repo's
+    cache folder (the snapshot itself when it is not under ``snapshots/``)."""
+    return snapshot.parent.parent if snapshot.parent.name == "snapshots" else snapshot
 
 
 def _info(header: SafetensorsHeader, file: str) -> dict[str, SourceTensorInfo]:
