@@ -430,3 +430,21 @@ def test_a_source_without_weights_is_a_source_error_not_a_traceback(
                  "-q"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 4 and "Traceback" not in err and str(src) in err
+
+
+def test_encoder_metrics_compare_the_two_models_row_by_row() -> None:
+    """The encoder test above only sees identical weights (1.0 whatever is compared): known
+    embeddings whose cosines and nearest neighbours differ."""
+    import torch
+
+    from ninfer_convert.evaluate import _encoder_metrics
+
+    src = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]], dtype=torch.float64)
+    art = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.9]], dtype=torch.float64)
+    e = _encoder_metrics(src, art, "mean")
+    cos = [1.0, 0.1 / math.hypot(0.9, 0.1), 0.9 / math.hypot(0.1, 0.9)]
+    assert e.cosine_min == pytest.approx(min(cos), rel=1e-12)
+    assert e.cosine_mean == pytest.approx(sum(cos) / 3, rel=1e-12)
+    # Neighbours: source 0->1, 1->0, 2->1; artifact 0->2, 1->2, 2->1: one of three agrees.
+    assert e.nearest_neighbour_agreement == pytest.approx(1 / 3)
+    assert _encoder_metrics(src[:2], art[:2], "cls").nearest_neighbour_agreement is None
