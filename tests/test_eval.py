@@ -448,3 +448,29 @@ def test_encoder_metrics_compare_the_two_models_row_by_row() -> None:
     # Neighbours: source 0->1, 1->0, 2->1; artifact 0->2, 1->2, 2->1: one of three agrees.
     assert e.nearest_neighbour_agreement == pytest.approx(1 / 3)
     assert _encoder_metrics(src[:2], art[:2], "cls").nearest_neighbour_agreement is None
+
+
+def test_causal_metrics_direction_shift_and_greedy_prefix() -> None:
+    """KL is KL(source || artifact), not the reverse; perplexity scores token t+1 with the
+    logits at t; greedy agreement is the common prefix (identical runs alone cannot tell)."""
+    import torch
+
+    from ninfer_convert.evaluate import _causal_metrics, _CausalRun
+
+    ls = torch.tensor([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0], [1.0, 1.0, 1.0]])
+    la = torch.tensor([[0.0, 0.5, 3.0], [0.0, 3.0, 0.5], [1.0, 1.0, 1.0]])
+    seq = [0, 1, 2]
+    m = _causal_metrics([seq], _CausalRun([ls], [[5, 6, 7, 8]]), _CausalRun([la], [[5, 6, 9, 8]]))
+    lp, lq = torch.log_softmax(ls.double(), -1), torch.log_softmax(la.double(), -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    reverse = (lq.exp() * (lq - lp)).sum(-1)
+    assert abs(float(kl.mean() - reverse.mean())) > 1e-3  # the two directions differ here
+    assert m.kl_mean == pytest.approx(float(kl.mean()), rel=1e-12)
+    assert m.kl_max == pytest.approx(float(kl.max()), rel=1e-12)
+    assert m.top1_agreement == pytest.approx(2 / 3)  # position 0 differs, 1 and 2 agree
+    want_ppl = math.exp(-(float(lp[0, 1]) + float(lp[1, 2])) / 2)
+    assert m.perplexity_source == pytest.approx(want_ppl, rel=1e-12)
+    assert m.perplexity_artifact == pytest.approx(
+        math.exp(-(float(lq[0, 1]) + float(lq[1, 2])) / 2), rel=1e-12
+    )
+    assert (m.greedy_identical, m.greedy_token_agreement) == (0, 0.5)
