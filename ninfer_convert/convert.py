@@ -341,7 +341,7 @@ def _copied_side_files(plan: Plan, src: SourceCheckpoint) -> list[tuple[SideFile
     return [
         (path, name)
         for path, name in side_file_names(plan, src.side_files)
-        if name != SIGNATURE_NAME
+        if name.casefold() != SIGNATURE_NAME  # MODEL.SIG is model.sig on macOS and Windows
     ]
 
 

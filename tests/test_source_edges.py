@@ -554,6 +554,16 @@ def test_a_source_file_named_like_the_writers_temporary_shard_is_left_out(tmp_pa
         w.abort()
 
 
+def test_a_source_signature_in_another_case_is_not_copied_either(tmp_path: Path) -> None:
+    """MODEL.SIG is the same file as model.sig on a case-insensitive file system."""
+    root = model_dir(tmp_path / "m")
+    (root / "MODEL.SIG").write_text("the source's own signature")
+    convert_checkpoint(root, fp32_recipe(tmp_path), tmp_path / "o", device="cpu", jobs=1)
+    with open_artifact(tmp_path / "o") as art:
+        assert "MODEL.SIG" not in art.side_files and "config.json" in art.side_files
+    assert not (tmp_path / "o" / "MODEL.SIG").exists()
+
+
 def test_writer_error_is_typed(tmp_path: Path) -> None:
     with ArtifactWriter(tmp_path / "art", metadata=META) as w:
         with pytest.raises(NinferError):
