@@ -6,7 +6,7 @@ Contract:
   returns the complete plan; every recipe problem is reported before any tensor byte is read.
 * :func:`derive_logical` is the one definition of "the words stored for a plan entry": it
   materialises the entry's sources (transforms, conversions, copy paths and constraint checks
-  live in :mod:`.recipe`), runs the canonical encoder for grouped formats and checks the value
+  live in :mod:`.recipe`), runs the rule's encoder profile for grouped formats and checks the value
   invariants of the result.  ``ninfer verify`` calls it too, so producer and verifier cannot
   drift apart.
 * :func:`convert_checkpoint` streams the plan: the calling thread reserves each tensor's
@@ -34,7 +34,8 @@ Contract:
   before it is published, so a published artifact is never unsigned when a key was given.
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
-  of every GPU-encoded tensor is re-encoded on the host and compared.
+  of every GPU-encoded tensor is re-encoded on the host and compared.  Tensors whose rule names
+  MSE_F16_SEARCH_V1 are always encoded on the host (no GPU backend: docs/encoder-profiles.md).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from .container.writer import Reservation, planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
-from .formats import lookup_format
+from .formats import MAXABS_F16_RECIP_RNE_V1, lookup_format
 from .fused import BlockHook, Digest, encode_pack_grouped, equals_packed_grouped
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
@@ -236,7 +237,8 @@ def derive_logical(
     used = "cpu"
     if isinstance(value, EncodeInput):
         encode_input: EncodeInput | None = value
-        if device == "cuda":
+        profile = entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1
+        if device == "cuda" and profile == MAXABS_F16_RECIP_RNE_V1:  # others: host only
             backend, used = "torch", "cuda"
         logical: LogicalTensor = encode_grouped_words(
             _whole(value.words),
@@ -246,6 +248,7 @@ def derive_logical(
             device=device,
             tensor=entry.output,
             threads=threads,
+            profile=profile,
         )
     else:
         encode_input = None
@@ -449,11 +452,13 @@ def derive_packed(
     the grouped and direct paths hold one block, never a plane).
     """
     fmt = lookup_format(entry.format)
-    if fmt.is_grouped and device == "cpu":
+    host_only = entry.encoder_profile not in (None, MAXABS_F16_RECIP_RNE_V1)
+    if fmt.is_grouped and (device == "cpu" or host_only):
         enc, source_digests = _grouped_input(entry, source)
         planes = encode_pack_grouped(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block, out=out,
+            profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
     if out is not None and (streams_directly(entry) or entry.copy is not None):
@@ -507,6 +512,7 @@ def host_grouped_equals(
     equal = equals_packed_grouped(
         enc.words, enc.source_dtype, entry.format, stored, tensor=entry.output,
         threads=threads, on_block=on_block, digests=digests,
+        profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
     )  # fmt: skip
     return equal, source_digests, enc
 

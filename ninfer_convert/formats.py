@@ -23,6 +23,7 @@ __all__ = [
     "ENCODER_PROFILES",
     "FORMATS",
     "MAXABS_F16_RECIP_RNE_V1",
+    "MSE_F16_SEARCH_V1",
     "Category",
     "EncoderProfile",
     "NumericFormat",
@@ -157,14 +158,24 @@ class EncoderProfile:
 
 
 MAXABS_F16_RECIP_RNE_V1 = "MAXABS_F16_RECIP_RNE_V1"
+MSE_F16_SEARCH_V1 = "MSE_F16_SEARCH_V1"
+_GROUPED = frozenset({"Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"})
 
 ENCODER_PROFILES: Mapping[str, EncoderProfile] = MappingProxyType(
     {
         MAXABS_F16_RECIP_RNE_V1: EncoderProfile(
             MAXABS_F16_RECIP_RNE_V1,
-            frozenset({"Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"}),
+            _GROUPED,
             "per-row, per-group max-abs; binary16 scale = RNE(RNE32(amax/qmax)); "
             "codes = clamp(rint(RNE32(x * RNE32(1/scale32)))) (spec Section 7)",
+        ),
+        MSE_F16_SEARCH_V1: EncoderProfile(
+            MSE_F16_SEARCH_V1,
+            _GROUPED,
+            "per-group search over 14 fixed binary16 scales (the canonical one, amax/|qmin|, "
+            "amax*32/(qmax*c) for c = 29..40); nearest codes on the whole interval; the "
+            "smallest binary64 squared error wins, ties to the lower index "
+            "(docs/encoder-profiles.md)",
         ),
     }
 )

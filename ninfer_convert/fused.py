@@ -31,7 +31,7 @@ from .encoder.common import check_words, grouped_format
 from .encoder.host import ErrorSums, encode_rows
 from .encoder.host import native_available as native_encoder_available
 from .encoder.numpy_backend import CHUNK_ELEMENTS
-from .formats import NumericFormat
+from .formats import MAXABS_F16_RECIP_RNE_V1, NumericFormat
 from .layouts import PlaneSpec, lookup_layout
 from .layouts.row_split import BlockResult, RowSplitK128, native_packer_available
 from .logical import GroupedCodes
@@ -83,6 +83,7 @@ def encode_pack_grouped(
     on_block: BlockHook | None = None,
     kernel: str = "native",
     out: list[npt.NDArray[np.uint8]] | None = None,
+    profile: str = MAXABS_F16_RECIP_RNE_V1,
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics.
@@ -93,7 +94,7 @@ def encode_pack_grouped(
         raise ValueError("out planes do not have the layout's sizes")
     planes = out if out is not None else [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
-                chunk_elements, on_block, kernel)  # fmt: skip
+                chunk_elements, on_block, kernel, profile)  # fmt: skip
     return planes
 
 
@@ -113,6 +114,7 @@ def equals_packed_grouped(
     on_block: BlockHook | None = None,
     digests: list[Digest] | None = None,
     kernel: str = "native",
+    profile: str = MAXABS_F16_RECIP_RNE_V1,
 ) -> bool:
     """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
     building the planes: each packed block is compared with its slice of ``stored`` while it
@@ -146,7 +148,7 @@ def equals_packed_grouped(
 
     equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True,
                         after if digests is not None else None, tensor, threads, chunk_elements,
-                        on_block, kernel)  # fmt: skip
+                        on_block, kernel, profile)  # fmt: skip
     for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
         digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
     return equal
@@ -176,6 +178,7 @@ def _run_blocks(
     chunk_elements: int | None,
     on_block: BlockHook | None,
     kernel: str,
+    profile: str = MAXABS_F16_RECIP_RNE_V1,
 ) -> bool:
     """Encode, check and pack ``words`` one row block at a time, writing each block's rows of
     every plane into ``planes`` or, with ``compare``, comparing them with ``planes``; ``after``
@@ -200,7 +203,7 @@ def _run_blocks(
         block_words = words[r0:r1]  # a view, or the derived rows
         sums = encode_rows(
             block_words, source_dtype, fmt, r0, codes, scales, tensor, kernel,
-            with_sums=on_block is not None,
+            with_sums=on_block is not None, profile=profile,
         )  # fmt: skip
         if on_block is not None:
             on_block(r0, r1, block_words, codes, scales, sums)

@@ -89,13 +89,14 @@ def test_registry_is_read_only_and_entries_frozen() -> None:
 
 
 def test_encoder_profile_table_is_closed_and_fits_grouped_only() -> None:
-    assert list(ENCODER_PROFILES) == ["MAXABS_F16_RECIP_RNE_V1"]
-    for name in CANONICAL:
-        if FORMATS[name].is_grouped:
-            check_profile_fits("MAXABS_F16_RECIP_RNE_V1", name)
-        else:
-            with pytest.raises(FormatError):
-                check_profile_fits("MAXABS_F16_RECIP_RNE_V1", name)
+    assert list(ENCODER_PROFILES) == ["MAXABS_F16_RECIP_RNE_V1", "MSE_F16_SEARCH_V1"]
+    for profile in ENCODER_PROFILES:
+        for name in CANONICAL:
+            if FORMATS[name].is_grouped:
+                check_profile_fits(profile, name)
+            else:
+                with pytest.raises(FormatError):
+                    check_profile_fits(profile, name)
     for bad in ("maxabs_f16_recip_rne_v1", "MAXABS_F16_RECIP_RNE_V2", "GPTQ"):
         with pytest.raises(FormatError):
             lookup_profile(bad)

@@ -1,9 +1,13 @@
-"""The canonical grouped encoder MAXABS_F16_RECIP_RNE_V1 with three parity-checked backends.
+"""The grouped encoders: the canonical MAXABS_F16_RECIP_RNE_V1 and MSE_F16_SEARCH_V1.
 
-``oracle`` (bit-level, exact rational arithmetic; the reference), ``numpy`` (production host
-encoder) and ``torch`` (same algorithm on CPU or CUDA).  All three return identical codes and
-binary16 scale words for every input; a non-finite source value or a scale that overflows
-binary16 raises :class:`~ninfer_convert.errors.EncodeError` naming the row, group and column.
+Canonical profile: ``oracle`` (bit-level, exact rational arithmetic; the reference), ``numpy``
+(production host encoder) and ``torch`` (same algorithm on CPU or CUDA).  All three return
+identical codes and binary16 scale words for every input; a non-finite source value or a scale
+that overflows binary16 raises :class:`~ninfer_convert.errors.EncodeError` naming the row, group
+and column.  ``profile=MSE_F16_SEARCH_V1`` selects the error-searching profile
+(docs/encoder-profiles.md): backend ``oracle`` runs its exact reference
+(:mod:`.mse_reference`), ``numpy`` its host encoder (:mod:`.mse_search`); it has no torch
+backend, so asking for one is a usage error rather than a silent change of profile.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import EncodeError, UsageError
-from ..formats import NumericFormat
+from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, NumericFormat, lookup_profile
 from ..logical import GroupedCodes
 from .common import SourceDtype, check_words, grouped_format, nonfinite_error, overflow_error
 from .numpy_backend import encode_numpy
@@ -34,10 +38,13 @@ def encode_grouped_words(
     device: Any = None,
     tensor: str | None = None,
     threads: int = 2,
+    profile: str = MAXABS_F16_RECIP_RNE_V1,
 ) -> GroupedCodes:
     """Encode an [N, K] array of source *words* (BF16/F16 as uint16, F32 as uint32/float32)."""
     entry = grouped_format(fmt)
     check_words(words, source_dtype)
+    if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
+        return _encode_mse(words, source_dtype, entry, backend, tensor, threads)
     if backend == "numpy":
         return encode_numpy(words, source_dtype, entry, tensor=tensor, threads=threads)
     if backend == "torch":
@@ -51,8 +58,33 @@ def encode_grouped_words(
     )
 
 
+def _encode_mse(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    backend: str,
+    tensor: str | None,
+    threads: int,
+) -> GroupedCodes:
+    if backend == "numpy":
+        from .mse_search import encode_mse_numpy
+
+        return encode_mse_numpy(words, source_dtype, fmt, tensor=tensor, threads=threads)
+    if backend == "oracle":
+        return _encode_with_oracle(words, source_dtype, fmt, tensor, reference=True)
+    raise UsageError(
+        f"encoder profile {MSE_F16_SEARCH_V1} has no {backend!r} backend",
+        hint="it runs on the host: use backend 'numpy' (or 'oracle' for its exact reference)",
+    )
+
+
 def _encode_with_oracle(
-    words: npt.NDArray[np.generic], source_dtype: str, fmt: NumericFormat, tensor: str | None
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    tensor: str | None,
+    *,
+    reference: bool = False,
 ) -> GroupedCodes:
     from ..words import bf16_to_f32_words, f16_to_f32_words
 
@@ -65,7 +97,12 @@ def _encode_with_oracle(
     else:
         f32_words = np.ascontiguousarray(w).view(np.uint32)
     try:
-        codes, scales = encode_oracle(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
+        if reference:
+            from .mse_reference import encode_mse_reference
+
+            codes, scales = encode_mse_reference(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
+        else:
+            codes, scales = encode_oracle(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
     except OracleFailure as exc:
         if exc.column >= 0:
             word = int(w[exc.row, exc.column])

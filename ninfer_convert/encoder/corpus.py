@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from ..formats import NumericFormat
 
-__all__ = ["RECIP_VS_DIV_CASES", "boundary_corpus", "failing_corpus"]
+__all__ = ["RECIP_VS_DIV_CASES", "boundary_corpus", "failing_corpus", "mse_boundary_corpus"]
 
 U32 = npt.NDArray[np.uint32]
 
@@ -138,3 +138,36 @@ def failing_corpus(fmt: NumericFormat) -> list[tuple[str, U32, int, int]]:
     over[1, g] = np.float32(65520.0 * fmt.qmax)  # amax/qmax rounds to binary16 inf
     out.append(("scale-overflow", over.view(np.uint32), 1, 1))
     return out
+
+
+def mse_boundary_corpus(fmt: NumericFormat) -> list[tuple[str, U32]]:
+    """Named [N, K] binary32 word matrices for MSE_F16_SEARCH_V1 parity: the canonical corpus
+    (every Section 7 boundary is also a boundary of candidate 0) plus the profile's own cases:
+    a negative maximum that the |qmin| candidate represents exactly (code -8 for Q4, -32 for
+    Q6; W8 stays at -127), an exact tie between distinct candidate scales (both reconstruct the
+    group without error: the lower index must win), candidates that overflow binary16 beside a
+    finite canonical scale, candidates on and across binary16 subnormals, values spanning the
+    binary32 range in one group, and Gaussian rows with a partial last group."""
+    assert fmt.group_size is not None and fmt.qmax is not None and fmt.qmin is not None
+    g, qmax, qmin = fmt.group_size, fmt.qmax, fmt.qmin
+    cases = list(boundary_corpus(fmt))
+    steps = [float(v) for v in range(qmin, qmax + 1)][:g]
+    cases.append(("negative-maximum-uses-qmin", _rows([steps, [float(qmin), 3.0, 1.0]], g)))
+    # For Q4, [4.25, 1, -7.875] has the same binary64 error 0.078125 under scales 1.125
+    # (candidates 0 and 5) and 1.0 (candidate 9): only the lower-index rule picks 1.125.
+    ties = [[-float(qmax)], [-float(qmax)] * 2, [4.25, 1.0, -7.875]]
+    cases.append(("tie-between-candidates", _rows(ties, g)))
+    cases.append(
+        ("candidate-overflow", _rows([[65504.0 * qmax, 1.0, -3.0], [65519.0 * qmax, -2.0]], g))
+    )
+    unit = float.fromhex("0x1p-24")
+    sub = [[k * unit * qmax, -k * unit, k * unit * 0.3] for k in (0.25, 0.5, 1, 3, 5, 1023, 1024)]
+    cases.append(("subnormal-candidate-scales", _rows(sub, g)))
+    span = [1.0, float.fromhex("0x1p-149"), -float.fromhex("0x1p-126"), 1e-30, -0.49, 0.51]
+    cases.append(("binary32-range-in-one-group", _rows([span, [-x for x in span]], g)))
+    rng = np.random.default_rng(16)
+    gauss = rng.standard_normal((4, 3 * g + 7)).astype(np.float32)
+    gauss[1] *= np.float32(1e-6)
+    gauss[2, :g] = 0.0
+    cases.append(("gaussian-with-partial-group", gauss.view(np.uint32)))
+    return cases

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..formats import NumericFormat
+from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, NumericFormat, lookup_profile
 from ..native import optional_module
 from .common import nonfinite_error, overflow_error
+from .mse_search import encode_rows_mse
 from .numpy_backend import _encode_rows
 
 _native: Any = optional_module("_hostkernel")  # None when the build skipped it
@@ -65,12 +66,17 @@ def encode_rows(
     kernel: str = "native",
     *,
     with_sums: bool = False,
+    profile: str = MAXABS_F16_RECIP_RNE_V1,
 ) -> ErrorSums | None:
     """Encode ``words`` [n, K] (a block starting at tensor row ``row0``) into the outputs.
 
     With ``with_sums`` the C kernel also returns the block's :data:`ErrorSums` from the same
     pass (see ``_hostkernel.c``); ``None`` means the numpy path ran and the caller computes
-    them itself."""
+    them itself.  ``profile`` MSE_F16_SEARCH_V1 always runs its numpy encoder (the C kernel
+    implements only the canonical profile)."""
+    if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
+        encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+        return None
     if kernel == "numpy" or _native is None:
         _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
         return None

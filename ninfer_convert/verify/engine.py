@@ -14,9 +14,10 @@ Contract of :func:`verify_artifact`:
   logical_problems` of every tensor), then against the source when one is used:
   ``source-identity`` (recorded per-tensor dtype, shape and digest), ``source-words`` (every
   tensor equals :func:`ninfer_convert.convert.derive_logical` of its plan entry bit for bit: the
-  canonical re-encode of grouped tensors, the copied NVFP4 / FP8 words, direct words with the
-  recorded conversion re-applied, re-derived concat/transpose) and ``oracle-sample`` (sampled
-  groups of every MAXABS_F16_RECIP_RNE_V1 tensor re-encoded with the bit-level oracle).
+  re-encode of grouped tensors with their encoder profile, the copied NVFP4 / FP8 words, direct
+  words with the recorded conversion re-applied, re-derived concat/transpose) and
+  ``oracle-sample`` (sampled groups of every grouped tensor re-encoded with the exact reference
+  of its encoder profile).
   Error statistics of every quantized tensor follow; they are information only.
 * The source is ``source`` when given, else the recorded ``metadata.source.path`` when it
   exists locally (``use_recorded_source=False`` turns that off); otherwise the source checks
@@ -58,8 +59,10 @@ import numpy.typing as npt
 
 from ..container import Artifact, open_artifact
 from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
+from ..encoder.mse_reference import encode_group_mse_reference
+from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, NinferError, SourceError, UsageError
-from ..formats import MAXABS_F16_RECIP_RNE_V1, Category, lookup_format
+from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, Category, lookup_format
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
 from ..readahead import ReadAheadWindow
@@ -278,6 +281,17 @@ def _input_streams(entry: PlanEntry) -> bool:
     return not ("concat" in ops and "transpose" in ops[ops.index("concat") :])
 
 
+_REFERENCES = {
+    MAXABS_F16_RECIP_RNE_V1: encode_group_oracle,
+    MSE_F16_SEARCH_V1: encode_group_mse_reference,
+}
+"""The exact reference each encoder profile's oracle-sample groups are re-encoded with."""
+_REFERENCE_TEXT = {
+    MAXABS_F16_RECIP_RNE_V1: "differs from the Section 7 oracle",
+    MSE_F16_SEARCH_V1: "differs from the exact MSE_F16_SEARCH_V1 reference",
+}
+
+
 def _check_tensor(
     art: Artifact,
     name: str,
@@ -395,7 +409,7 @@ def _check_tensor(
         ]
     if (
         fmt.category is Category.GROUPED
-        and entry.encoder_profile == MAXABS_F16_RECIP_RNE_V1
+        and entry.encoder_profile in _REFERENCES
         and enc is not None
         and ctx.oracle_groups > 0
         and (callable(found) or isinstance(found, GroupedCodes))
@@ -403,10 +417,11 @@ def _check_tensor(
         checked, mismatches = oracle_sample(
             fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows and columns by slices only
             shape=(int(info.shape[0]), int(info.shape[1])),
+            group_encoder=_REFERENCES[entry.encoder_profile],
         )  # fmt: skip
         out.oracle_groups = checked
         out.oracle += [
-            _mismatch("oracle-sample", "differs from the Section 7 oracle", m, where)
+            _mismatch("oracle-sample", _REFERENCE_TEXT[entry.encoder_profile], m, where)
             for m in mismatches
         ]
     if (

@@ -1,0 +1,156 @@
+"""Host encoder for the profile MSE_F16_SEARCH_V1, vectorised numpy (docs/encoder-profiles.md).
+
+Contract: bit-identical to :mod:`.mse_reference` for every input (tests prove it on the
+profile's boundary corpus and on generated matrices), and it refuses exactly the groups that
+MAXABS_F16_RECIP_RNE_V1 refuses, with the same messages, because it starts from the canonical
+per-block encoder (:func:`.numpy_backend._encode_rows`), whose scale is candidate 0.
+
+Why plain numpy arithmetic is exact here (the arguments are spelled out in the document):
+
+* a candidate's raw scale is ``binary64(amax) * 32 / (qmax * c)`` or ``amax / |qmin|``: the
+  numerator is exact in binary64, the division is one IEEE binary64 rounding, and because the
+  denominator is an integer below 2^41 that rounding can never land on, or cross, a binary16
+  rounding boundary; numpy's float64 -> float16 cast is then one correct RNE rounding, so the
+  result is the single rounding of the exact rational;
+* a code is ``rint(binary64(x) / binary64(s))`` clamped: for the same reason the binary64
+  quotient is never moved onto or across a half-integer, so this is the exact nearest code with
+  ties to even;
+* the error is the document's binary64 sum, written as the same IEEE operations in the same
+  order (``np.add.accumulate`` along the group is the sequential r[i] = r[i-1] + t[i]; numpy
+  ufuncs never fuse a multiply and an add).
+
+Memory follows the block (a few float64 temporaries of :data:`CHUNK_ELEMENTS` values), never
+the tensor.  The C kernel and the torch backend implement only the canonical profile; this
+profile always runs here, on the host.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+
+from ..formats import NumericFormat
+from ..logical import GroupedCodes
+from .common import to_f32
+from .mse_reference import CANDIDATE_RATIOS
+from .numpy_backend import _encode_rows
+
+__all__ = ["CHUNK_ELEMENTS", "encode_mse_numpy", "encode_rows_mse", "group_errors"]
+
+CHUNK_ELEMENTS = 1 << 16
+"""Source values per block: 14 candidates each need several float64 temporaries."""
+
+
+def _candidates(
+    amax64: npt.NDArray[np.float64], canonical: npt.NDArray[np.uint16], fmt: NumericFormat
+) -> npt.NDArray[np.uint16]:
+    """Candidate binary16 words [n, groups, 14]; 0x7C00 marks a candidate that is infinite."""
+    assert fmt.qmin is not None and fmt.qmax is not None
+    denominators = [float(-fmt.qmin)] + [float(fmt.qmax * c) for c in CANDIDATE_RATIOS]
+    numerators = [1.0] + [32.0] * len(CANDIDATE_RATIOS)
+    out = np.empty((*amax64.shape, 1 + len(denominators)), dtype=np.uint16)
+    out[..., 0] = canonical
+    with np.errstate(over="ignore"):
+        for j, (num, den) in enumerate(zip(numerators, denominators, strict=True), start=1):
+            raw = (amax64 * num) / den  # *32 is exact; one binary64 rounding in the division
+            out[..., j] = raw.astype(np.float16).view(np.uint16)
+    out[(out == 0) & (amax64 > 0)[..., None]] = 0x0001  # the Section 7 rescue, per candidate
+    return out
+
+
+def group_errors(
+    x: npt.NDArray[np.float64],
+    s: npt.NDArray[np.float64],
+    fmt: NumericFormat,
+    q: npt.NDArray[np.float64],
+    t: npt.NDArray[np.float64],
+    acc: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """Nearest codes of groups ``x`` [n, groups, G] under scales ``s`` [n, groups] (into ``q``)
+    and the document's binary64 error of each group (a view of ``acc``; ``t`` is scratch)."""
+    assert fmt.qmin is not None and fmt.qmax is not None
+    np.divide(x, s[..., None], out=q)
+    np.rint(q, out=q)
+    np.clip(q, fmt.qmin, fmt.qmax, out=q)
+    np.multiply(q, s[..., None], out=t)  # s * q: exact (at most 19 significant bits)
+    np.subtract(x, t, out=t)
+    np.multiply(t, t, out=t)
+    np.add.accumulate(t, axis=2, out=acc)  # acc_i = acc_(i-1) + t_i, in index order
+    return acc[:, :, -1]
+
+
+def encode_rows_mse(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    row0: int,
+    codes_out: npt.NDArray[np.int8],
+    scales_out: npt.NDArray[np.uint16],
+    tensor: str | None,
+) -> None:
+    """Encode a block of rows (tensor rows from ``row0``) into the outputs; same signature and
+    refusals as :func:`.numpy_backend._encode_rows`."""
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    n, k = words.shape
+    n_groups = -(-k // g)
+    # Candidate 0 and every refusal come from the canonical encoder.
+    _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+    canonical = scales_out.copy()
+    x32 = to_f32(np.ascontiguousarray(words), source_dtype)
+    x = np.zeros((n, n_groups * g), dtype=np.float64)
+    x[:, :k] = x32  # +0 fill of a partial group adds exactly +0 to every error sum
+    x = x.reshape(n, n_groups, g)
+    amax64 = np.abs(x).max(axis=2)
+    cands = _candidates(amax64, canonical, fmt)
+    best_err = np.full((n, n_groups), np.inf)
+    best_scale = np.zeros((n, n_groups), dtype=np.uint16)
+    best_codes = np.zeros((n, n_groups, g), dtype=np.float64)
+    q = np.empty_like(x)
+    t = np.empty_like(x)
+    acc = np.empty_like(x)
+    live = amax64 > 0
+    for j in range(cands.shape[-1]):
+        word = cands[..., j]
+        usable = live & (word < 0x7C00)
+        s = word.view(np.float16).astype(np.float64)
+        s[~usable] = 1.0  # placeholder; these groups never take this candidate
+        err = group_errors(x, s, fmt, q, t, acc)
+        better = usable & (err < best_err)  # strict: the smallest index wins a tie
+        best_err[better] = err[better]
+        best_scale[better] = word[better]
+        best_codes[better] = q[better]
+    # All-zero groups were never updated: +0 scale and zero codes, as in the canonical profile.
+    scales_out[:, :] = best_scale
+    codes_out[:, :] = best_codes.reshape(n, n_groups * g)[:, :k]
+
+
+def encode_mse_numpy(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    *,
+    tensor: str | None = None,
+    threads: int = 2,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> GroupedCodes:
+    assert fmt.group_size is not None
+    n, k = words.shape
+    codes = np.empty((n, k), dtype=np.int8)
+    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
+    rows = max(1, chunk_elements // k)
+    starts = range(0, n, rows)
+
+    def run(r0: int) -> None:
+        r1 = min(n, r0 + rows)
+        encode_rows_mse(words[r0:r1], source_dtype, fmt, r0, codes[r0:r1], scales[r0:r1], tensor)
+
+    if threads <= 1 or len(starts) == 1:
+        for r0 in starts:
+            run(r0)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(run, starts))  # re-raises the first failure in chunk order
+    return GroupedCodes(codes=codes, scales=scales)
