@@ -5,6 +5,9 @@ same run (``np.copyto`` of the same BF16 bytes), plus the gguf package's pure-nu
 quantizer on the same values as a well-known peer (``pip install -e ".[bench]"``).
 
     python benchmarks/bench_encode.py [--rows 4096] [--cols 16384] [--json out.json]
+
+``--mse`` adds rows for the encoder profile MSE_F16_SEARCH_V1 (numpy only: it has no C or torch
+backend), through the same fused encode-and-pack the converter runs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from common import best_of, machine
 
 from ninfer_convert.encoder import encode_grouped_words
 from ninfer_convert.encoder.host import native_available
+from ninfer_convert.formats import MSE_F16_SEARCH_V1
 from ninfer_convert.fused import encode_pack_grouped
 from ninfer_convert.layouts.row_split import native_packer_available
 
@@ -34,6 +38,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--mse", action="store_true", help="also time MSE_F16_SEARCH_V1")
+    ap.add_argument("--formats", default=",".join(GROUPED))
+    ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
 
     rng = np.random.default_rng(0)
@@ -47,16 +54,23 @@ def main() -> None:
     t_copy = best_of(lambda: np.copyto(dst, words), args.repeat)
     rows = [("memcpy (np.copyto)", "-", t_copy)]
 
-    for fmt in GROUPED:
+    for fmt in args.formats.split(","):
         t_np = best_of(lambda f=fmt: encode_grouped_words(words, "BF16", f), args.repeat)
         rows.append((fmt, "numpy", t_np))
-        t_t = best_of(
-            lambda f=fmt: encode_grouped_words(
-                words, "BF16", f, backend="torch", device=args.device
-            ),
-            args.repeat,
-        )
-        rows.append((fmt, f"torch-{args.device}", t_t))
+        if args.mse:
+            t_m = best_of(
+                lambda f=fmt: encode_pack_grouped(words, "BF16", f, profile=MSE_F16_SEARCH_V1),
+                args.repeat,
+            )
+            rows.append((fmt, "fused+pack MSE_F16_SEARCH_V1 numpy", t_m))
+        if not args.no_torch:
+            t_t = best_of(
+                lambda f=fmt: encode_grouped_words(
+                    words, "BF16", f, backend="torch", device=args.device
+                ),
+                args.repeat,
+            )
+            rows.append((fmt, f"torch-{args.device}", t_t))
         # "native" is the C encoder with the C packer; with only one of them built, say so.
         native = {(True, True): "native", (True, False): "native encoder + numpy pack",
                   (False, True): "numpy encoder + native pack"}.get(

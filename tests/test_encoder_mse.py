@@ -127,15 +127,16 @@ def test_numpy_group_error_is_the_sequential_binary64_sum(x32: np.ndarray) -> No
     from ninfer_convert.encoder.mse_search import group_errors
 
     fmt = FORMATS["Q4G64_F16S"]
-    x = x32.astype(np.float64).reshape(3, 1, 64)
-    s = np.array([[0.25], [1.0 / 64], [3.0]])
-    q, t, acc = (np.empty_like(x) for _ in range(3))
-    err = group_errors(x, s, fmt, q, t, acc)
+    xt = np.ascontiguousarray(x32.astype(np.float64).T)  # [64, 3]: column r is group r
+    s = np.array([0.25, 1.0 / 64, 3.0])
+    q, t = np.empty_like(xt), np.empty_like(xt)
+    err = np.empty(3)
+    group_errors(xt, s, fmt, q, t, err)
     for r in range(3):
         xs = [int(w) for w in x32[r].view(np.uint32)]
-        s16 = int(np.float16(s[r, 0]).view(np.uint16))
-        ref = group_error_reference(xs, s16, [int(v) for v in q[r, 0]])
-        assert Fraction(float(err[r, 0])) == ref
+        s16 = int(np.float16(s[r]).view(np.uint16))
+        ref = group_error_reference(xs, s16, [int(v) for v in q[:, r]])
+        assert Fraction(float(err[r])) == ref
 
 
 def _f16(word: int) -> Fraction:
@@ -337,3 +338,29 @@ def test_verify_catches_a_changed_code_in_a_profile_artifact(tmp_path: Path) -> 
     failed = {c.name: [f.render() for f in c.findings] for c in report.checks if c.findings}
     assert "source-words" in failed
     assert any("MSE_F16_SEARCH_V1 reference" in f for f in failed["oracle-sample"])
+
+
+def test_cuda_device_still_encodes_the_profile_on_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profile has no GPU backend: with device "cuda" its tensors take the host path, so
+    # nothing here may reach torch (which would fail on a machine without CUDA anyway).
+    from ninfer_convert import convert
+    from ninfer_convert.encoder import torch_backend
+
+    _, words = _convert(tmp_path, MSE)
+
+    def no_torch(*args: object, **kw: object) -> None:
+        raise AssertionError("the torch backend ran for MSE_F16_SEARCH_V1")
+
+    monkeypatch.setattr(torch_backend, "encode_torch", no_torch)
+    src, plan = convert.plan_conversion(tmp_path / "src", tmp_path / f"{MSE}.yaml")
+    (entry,) = plan.entries
+    cuda = convert.derive_packed(entry, src, device="cuda")
+    cpu = convert.derive_packed(entry, src, device="cpu")
+    assert [p.tobytes() for p in cuda.planes] == [p.tobytes() for p in cpu.planes]
+    derived = convert.derive_logical(entry, src, device="cuda")
+    assert derived.device == "cpu"
+    ref = encode_grouped_words(words, "BF16", "Q4G64_F16S", backend="oracle", profile=MSE)
+    assert isinstance(derived.logical, GroupedCodes)
+    assert_identical(ref, derived.logical, "derive_logical on cuda")

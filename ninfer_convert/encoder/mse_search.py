@@ -16,8 +16,9 @@ Why plain numpy arithmetic is exact here (the arguments are spelled out in the d
   quotient is never moved onto or across a half-integer, so this is the exact nearest code with
   ties to even;
 * the error is the document's binary64 sum, written as the same IEEE operations in the same
-  order (``np.add.accumulate`` along the group is the sequential r[i] = r[i-1] + t[i]; numpy
-  ufuncs never fuse a multiply and an add).
+  order: the block is held group-major ([G, groups]), so ``acc = acc + t[i]`` for i = 0, 1, ...
+  is one contiguous binary64 ``np.add`` per value index (never ``np.sum``, whose pairwise
+  order differs), and numpy ufuncs never fuse a multiply and an add.
 
 Memory follows the block (a few float64 temporaries of :data:`CHUNK_ELEMENTS` values), never
 the tensor.  The C kernel and the torch backend implement only the canonical profile; this
@@ -61,24 +62,28 @@ def _candidates(
 
 
 def group_errors(
-    x: npt.NDArray[np.float64],
+    xt: npt.NDArray[np.float64],
     s: npt.NDArray[np.float64],
     fmt: NumericFormat,
     q: npt.NDArray[np.float64],
     t: npt.NDArray[np.float64],
     acc: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
-    """Nearest codes of groups ``x`` [n, groups, G] under scales ``s`` [n, groups] (into ``q``)
-    and the document's binary64 error of each group (a view of ``acc``; ``t`` is scratch)."""
+) -> None:
+    """For groups stored column-wise, ``xt`` [G, m] (column j is group j), and scales ``s`` [m]:
+    the nearest codes into ``q`` [G, m] and the document's binary64 error of each group into
+    ``acc`` [m] (``t`` is scratch).  Group-major rows keep every operation contiguous."""
     assert fmt.qmin is not None and fmt.qmax is not None
-    np.divide(x, s[..., None], out=q)
+    np.divide(xt, s, out=q)
     np.rint(q, out=q)
-    np.clip(q, fmt.qmin, fmt.qmax, out=q)
-    np.multiply(q, s[..., None], out=t)  # s * q: exact (at most 19 significant bits)
-    np.subtract(x, t, out=t)
+    np.maximum(q, fmt.qmin, out=q)
+    np.minimum(q, fmt.qmax, out=q)
+    np.multiply(q, s, out=t)  # s * q: exact (at most 19 significant bits)
+    np.subtract(xt, t, out=t)
     np.multiply(t, t, out=t)
-    np.add.accumulate(t, axis=2, out=acc)  # acc_i = acc_(i-1) + t_i, in index order
-    return acc[:, :, -1]
+    # acc = +0; acc = acc + t[i] for i = 0, 1, ... in index order (+0 + t[0] is t[0] exactly).
+    np.copyto(acc, t[0])
+    for i in range(1, t.shape[0]):
+        np.add(acc, t[i], out=acc)
 
 
 def encode_rows_mse(
@@ -91,40 +96,67 @@ def encode_rows_mse(
     tensor: str | None,
 ) -> None:
     """Encode a block of rows (tensor rows from ``row0``) into the outputs; same signature and
-    refusals as :func:`.numpy_backend._encode_rows`."""
+    refusals as :func:`.numpy_backend._encode_rows`.  Works through the block in pieces of
+    about :data:`CHUNK_ELEMENTS` values so that the float64 temporaries stay in cache."""
+    n, k = words.shape
+    rows = max(1, CHUNK_ELEMENTS // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        _encode_piece(
+            words[r0:r1], source_dtype, fmt, row0 + r0, codes_out[r0:r1], scales_out[r0:r1],
+            tensor,
+        )  # fmt: skip
+
+
+def _encode_piece(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    row0: int,
+    codes_out: npt.NDArray[np.int8],
+    scales_out: npt.NDArray[np.uint16],
+    tensor: str | None,
+) -> None:
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = words.shape
     n_groups = -(-k // g)
+    m = n * n_groups
     # Candidate 0 and every refusal come from the canonical encoder.
     _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
-    canonical = scales_out.copy()
+    canonical = scales_out.reshape(m).copy()
     x32 = to_f32(np.ascontiguousarray(words), source_dtype)
     x = np.zeros((n, n_groups * g), dtype=np.float64)
     x[:, :k] = x32  # +0 fill of a partial group adds exactly +0 to every error sum
-    x = x.reshape(n, n_groups, g)
-    amax64 = np.abs(x).max(axis=2)
+    xt = np.ascontiguousarray(x.reshape(m, g).T)  # [G, m]: row i holds value i of every group
+    del x
+    amax64 = np.abs(xt).max(axis=0)
     cands = _candidates(amax64, canonical, fmt)
-    best_err = np.full((n, n_groups), np.inf)
-    best_scale = np.zeros((n, n_groups), dtype=np.uint16)
-    best_codes = np.zeros((n, n_groups, g), dtype=np.float64)
-    q = np.empty_like(x)
-    t = np.empty_like(x)
-    acc = np.empty_like(x)
+    best_err = np.full(m, np.inf)
+    best_scale = np.zeros(m, dtype=np.uint16)
+    q = np.empty_like(xt)
+    t = np.empty_like(xt)
+    err = np.empty(m, dtype=np.float64)
     live = amax64 > 0
+    better = np.empty(m, dtype=bool)
     for j in range(cands.shape[-1]):
-        word = cands[..., j]
+        word = cands[:, j]
         usable = live & (word < 0x7C00)
         s = word.view(np.float16).astype(np.float64)
         s[~usable] = 1.0  # placeholder; these groups never take this candidate
-        err = group_errors(x, s, fmt, q, t, acc)
-        better = usable & (err < best_err)  # strict: the smallest index wins a tie
-        best_err[better] = err[better]
-        best_scale[better] = word[better]
-        best_codes[better] = q[better]
-    # All-zero groups were never updated: +0 scale and zero codes, as in the canonical profile.
-    scales_out[:, :] = best_scale
-    codes_out[:, :] = best_codes.reshape(n, n_groups * g)[:, :k]
+        group_errors(xt, s, fmt, q, t, err)
+        np.less(err, best_err, out=better)  # strict: the smallest index wins a tie
+        better &= usable
+        np.copyto(best_err, err, where=better)
+        np.copyto(best_scale, word, where=better)
+    # The chosen candidate's codes, recomputed by the same statements (cheaper than keeping the
+    # best codes through the search).  All-zero groups were never updated: +0 scale, and their
+    # values are all zero, so their codes are zero whatever placeholder divides them.
+    s = best_scale.view(np.float16).astype(np.float64)
+    s[~live] = 1.0
+    group_errors(xt, s, fmt, q, t, err)
+    scales_out[:, :] = best_scale.reshape(n, n_groups)
+    codes_out[:, :] = q.T.reshape(n, n_groups * g)[:, :k]
 
 
 def encode_mse_numpy(
