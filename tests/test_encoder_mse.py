@@ -192,9 +192,12 @@ def _matrices(draw: st.DrawFn) -> tuple[np.ndarray, str]:
         x = x * np.float32(2.0) ** np.float32(draw(_MAGS))
         return np.ascontiguousarray(x.astype(np.float32)).view(np.uint32), source
     words = draw(hnp.arrays(np.uint16, (n, k)))
-    exp_mask = np.uint16(0x7F80 if source == "BF16" else 0x7C00)
-    words[(words & exp_mask) == exp_mask] &= np.uint16(0x8FFF)  # keep every value finite
-    return words, source
+    if source == "BF16":  # exponent field folded into [0, 140]: finite, below 2^14, subnormals
+        exp = ((words >> np.uint16(7)) & np.uint16(0xFF)) % np.uint16(141)
+        words = (words & np.uint16(0x807F)) | (exp << np.uint16(7))
+    else:  # every finite binary16 value fits (65504 / qmax never overflows)
+        words[(words & np.uint16(0x7C00)) == np.uint16(0x7C00)] &= np.uint16(0x8FFF)
+    return words.astype(np.uint16), source
 
 
 @given(_matrices(), st.sampled_from(GROUPED))
@@ -364,3 +367,24 @@ def test_cuda_device_still_encodes_the_profile_on_the_host(
     ref = encode_grouped_words(words, "BF16", "Q4G64_F16S", backend="oracle", profile=MSE)
     assert isinstance(derived.logical, GroupedCodes)
     assert_identical(ref, derived.logical, "derive_logical on cuda")
+
+
+@given(_matrices(), st.sampled_from(GROUPED))
+def test_profile_output_obeys_the_value_rules(m: tuple[np.ndarray, str], fmt: str) -> None:
+    from ninfer_convert.validate import grouped_problems
+
+    words, source = m
+    enc = encode_grouped_words(words, source, fmt, profile=MSE, threads=1)
+    assert grouped_problems(FORMATS[fmt], enc.codes, enc.scales, "t") == []
+    if fmt == "W8G32_F16S":
+        assert int(enc.codes.min(initial=0)) >= -127
+
+
+def test_artifact_bytes_do_not_depend_on_jobs(tmp_path: Path) -> None:
+    out2, _ = _convert(tmp_path, MSE)
+    out1 = tmp_path / "jobs1"
+    convert_checkpoint(tmp_path / "src", tmp_path / f"{MSE}.yaml", out1, device="cpu", jobs=1)
+    files = sorted(p.name for p in out2.iterdir())
+    assert files == sorted(p.name for p in out1.iterdir())
+    for name in files:
+        assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
