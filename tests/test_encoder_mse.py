@@ -388,3 +388,30 @@ def test_artifact_bytes_do_not_depend_on_jobs(tmp_path: Path) -> None:
     assert files == sorted(p.name for p in out1.iterdir())
     for name in files:
         assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
+
+
+def test_derived_tensor_with_the_profile_round_trips_through_verify(tmp_path: Path) -> None:
+    # A concatenated and transposed output reaches the encoder as derived rows (not a view of
+    # the source): the profile must see the same values as the reference on the whole matrix.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(8)
+    a = (rng.standard_normal((70, 40)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    b = (rng.standard_normal((70, 30)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    write_safetensors(src / "model.safetensors", {"a": ("BF16", a), "b": ("BF16", b)})
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        RECIPE_HEAD + "- derive: ab\n  inputs: [a, b]\n  concat_axis: 1\n"
+        f"  transforms: [transpose]\n  format: Q4G64_F16S\n  encoder_profile: {MSE}\n"
+        "  role: r\n  evidence: [e1]\n"
+    )
+    out = tmp_path / "out"
+    convert_checkpoint(src, recipe, out, device="cpu", jobs=2)
+    words = np.ascontiguousarray(np.concatenate([a, b], axis=1).T)  # [70, 70]
+    ref = encode_grouped_words(words, "BF16", "Q4G64_F16S", backend="oracle", profile=MSE)
+    with open_artifact(out) as art:
+        got = art.read("ab")
+    assert isinstance(got, GroupedCodes)
+    assert_identical(ref, got, "derived")
+    assert verify_artifact(out, device="cpu", oracle_groups=8).exit_code == 0
