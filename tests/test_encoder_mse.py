@@ -415,3 +415,10 @@ def test_derived_tensor_with_the_profile_round_trips_through_verify(tmp_path: Pa
     assert isinstance(got, GroupedCodes)
     assert_identical(ref, got, "derived")
     assert verify_artifact(out, device="cpu", oracle_groups=8).exit_code == 0
+
+
+def test_unknown_profile_names_are_rejected_by_the_encoder() -> None:
+    words = np.ones((1, 64), np.float32).view(np.uint32)
+    for bad in ("mse_f16_search_v1", "MSE_F16_SEARCH_V2", "MSE"):
+        with pytest.raises(FormatError, match="unknown encoder profile"):
+            encode_grouped_words(words, "F32", "Q4G64_F16S", profile=bad)
