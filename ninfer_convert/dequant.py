@@ -68,16 +68,23 @@ def dequantize_fp8_row(codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint
 
 
 def dequantize_logical(fmt: str | NumericFormat, logical: LogicalTensor) -> F32:
-    """float32 values of any logical tensor (direct BF16/FP32 exactly; I32 values as float32 are
-    only exact up to 2^24 and are offered for statistics, not for round trips)."""
+    """float32 values of a logical tensor of a floating-point format (direct BF16/FP32
+    exactly).  I32 is refused: its values are integers, which binary32 holds exactly only up
+    to 2^24 (16777217 would come back as 16777216); read its words instead."""
     entry = lookup_format(fmt)
+    if entry.name == "I32":
+        raise UsageError(
+            "I32 values are integers and have no exact float32 form (binary32 rounds odd "
+            "values above 2^24)",
+            hint="use the int32 words (Artifact.read(name).words, or Artifact.dequantize, "
+            "which returns them exactly)",
+        )
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         if entry.category is Category.DIRECT and isinstance(logical, DirectWords):
             if entry.name == "BF16":
                 return bf16_to_f32_words(logical.words.astype(np.uint16)).view(np.float32)
             if entry.name == "FP32":
                 return np.ascontiguousarray(logical.words).view(np.float32).copy()
-            return logical.words.astype(np.float32)
         if entry.category is Category.GROUPED and isinstance(logical, GroupedCodes):
             return dequantize_grouped(logical.codes, logical.scales, entry)
         if entry.category is Category.BLOCK_SCALED and isinstance(logical, NVFP4Words):

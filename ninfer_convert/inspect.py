@@ -345,8 +345,8 @@ def summarize(art: Artifact, *, filter: str | None = None) -> InspectReport:
             plane_end[info.file] = max(cursor, p.offset + p.nbytes)
     files: list[tuple[str, int]] = []
     header_bytes = 0
-    for f in art.files:
-        size = os.stat(f).st_size
+    # Sizes of the files as opened (the snapshot), not whatever the names hold now.
+    for f, size in zip(art.files, art.file_sizes, strict=True):
         files.append((f.name, size))
         header_bytes += size - plane_end.get(f, PRELUDE_SIZE)
     plane_bytes = sum(t[2] for t in per_format.values())

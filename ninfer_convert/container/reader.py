@@ -19,6 +19,7 @@ Contract (docs/container.md, "Reading" and "Validation"):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -35,11 +36,20 @@ import numpy.typing as npt
 import xxhash
 
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
+from ..jsonlimits import nesting_problem
 from ..layouts import LAYOUTS, Rows, RowSplitK128
-from ..logical import GroupedCodes, LogicalTensor
+from ..logical import DirectWords, GroupedCodes, LogicalTensor
 from ..readahead import read_ahead
 from .checks import check_alignment, check_placement, check_side_file_name, check_tensor_geometry
-from .schema import ArtifactMeta, Header, IndexFile, SchemaError, SideFile, TensorEntry
+from .schema import (
+    MAX_JSON_DEPTH,
+    ArtifactMeta,
+    Header,
+    IndexFile,
+    SchemaError,
+    SideFile,
+    TensorEntry,
+)
 from .wire import (
     INDEX_NAME,
     MAGIC,
@@ -52,6 +62,7 @@ from .wire import (
     SINGLE_NAME,
     canonical_json,
     header_digest,
+    parse_shard_name,
     shard_name,
 )
 
@@ -99,8 +110,12 @@ class TensorInfo:
         return sum(p.nbytes for p in self.planes)
 
 
-def _json_loads(raw: bytes, what: str, path: Path) -> Any:
-    """Strict JSON: UTF-8 only, no duplicate keys, no NaN/Infinity, bounded integers/nesting."""
+def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
+    """Strict JSON: UTF-8 only, no duplicate keys, no NaN/Infinity, bounded integers/nesting.
+
+    ``depth`` bounds the bracket nesting of the whole document; it is checked by
+    :func:`~ninfer_convert.jsonlimits.nesting_problem` before the parser (which recurses once
+    per level) runs."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -119,6 +134,13 @@ def _json_loads(raw: bytes, what: str, path: Path) -> Any:
         raise ArtifactError(
             f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})", path=str(path)
         ) from None
+    deep = nesting_problem(text, depth)
+    if deep is not None:
+        raise ArtifactError(
+            f"{what} JSON is nested too deeply: deeper than {depth} levels at character {deep}",
+            path=str(path),
+            hint="not a file this tool writes; it may be hostile",
+        )
     try:
         value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
         # A \ud800 escape parses to a lone surrogate, which is not Unicode text: refuse it, so
@@ -130,7 +152,7 @@ def _json_loads(raw: bytes, what: str, path: Path) -> Any:
             f"{what} contains an escaped lone surrogate, which is not Unicode text",
             path=str(path),
         ) from None
-    except RecursionError:
+    except RecursionError:  # pragma: no cover - nesting_problem bounds the depth first
         raise ArtifactError(f"{what} JSON is nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:
         raise ArtifactError(
@@ -141,22 +163,147 @@ def _json_loads(raw: bytes, what: str, path: Path) -> Any:
         raise ArtifactError(f"{what} is not acceptable JSON: {exc}", path=str(path)) from None
 
 
-class _Container:
-    """One memory-mapped container file whose prelude and header have been validated."""
+# Bracket levels of a header: the root, ``artifact`` and ``source`` objects, then the free-form
+# ``config`` (its own level plus at most MAX_JSON_DEPTH nested levels, schema.json_value's
+# bound), so every header a writer can produce passes.  The index nests 3 levels.
+_HEADER_DEPTH = 3 + 1 + MAX_JSON_DEPTH
+_INDEX_DEPTH = 8
 
-    def __init__(self, path: Path, *, check_header_digest: bool) -> None:
+_FILE_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    # A FIFO opened for reading would block until a writer appears; O_NONBLOCK makes the open
+    # return at once, and the fstat below then refuses anything that is not a regular file.
+    | getattr(os, "O_NONBLOCK", 0)
+)
+_DIR_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+)
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def open_in_directory(dir_fd: int, name: str, where: str) -> tuple[int, os.stat_result]:
+    """Open the regular file ``name`` inside the open directory ``dir_fd`` for reading.
+
+    ``name`` is a relative path of plain components.  No component is a symbolic link (each is
+    opened with ``O_NOFOLLOW`` through the previous one), so nothing outside the directory is
+    reached; a FIFO, device or socket is refused without blocking.  Returns the descriptor and
+    its ``fstat``; any failure is an :class:`ArtifactError` naming ``where``."""
+    parts = name.split("/")
+    if not name or any(p in ("", ".", "..") for p in parts):
+        raise ArtifactError(f"{name!r} is not a relative path of plain names", path=where)
+    opened: list[int] = []
+    try:
+        cur = dir_fd
+        for part in parts[:-1]:
+            try:
+                cur = os.open(part, _DIR_FLAGS, dir_fd=cur)
+            except OSError as exc:
+                raise _open_error(exc, where, folder=part) from None
+            opened.append(cur)
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=cur)
+        except OSError as exc:
+            raise _open_error(exc, where) from None
+    finally:
+        for d in opened:
+            os.close(d)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(
+                f"{_kind_of(st.st_mode)}, not a regular file",
+                path=where,
+                hint="every file of an artifact must be a regular file",
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+_NO_SUCH_FILE = "no such file"
+
+
+def _open_error(exc: OSError, where: str, folder: str | None = None) -> ArtifactError:
+    if exc.errno == errno.ELOOP or (folder is not None and exc.errno == errno.ENOTDIR):
+        what = f"folder {folder!r}" if folder is not None else "it"
+        return ArtifactError(
+            f"{what} is a symbolic link or not a plain folder; artifact files are opened "
+            "without following links",
+            path=where,
+            hint="replace the link by the file it points to",
+        )
+    if exc.errno == errno.ENOENT:
+        return ArtifactError(_NO_SUCH_FILE, path=where)
+    return ArtifactError(f"cannot open: {exc.strerror}", path=where)
+
+
+def read_bounded(fd: int, size: int, where: str) -> bytes:
+    """Exactly ``size`` bytes from offset 0 of ``fd`` (a regular file whose ``fstat`` gave
+    ``size``); fewer means the file shrank while it was read."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        try:
+            chunk = os.pread(fd, min(_HASH_CHUNK, size - got), got)
+        except OSError as exc:
+            raise ArtifactError(f"cannot read: {exc.strerror}", path=where) from None
+        if not chunk:
+            raise ArtifactError(
+                f"file ended after {got} of {size} bytes (changed while read)", path=where
+            )
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+class _Container:
+    """One memory-mapped container file whose prelude and header have been validated.
+
+    ``expect`` is the (index, count) its ``shard`` object must say: the position the index
+    gives it, or what its file name says (section 5: a file not named as a shard is a
+    single-file artifact)."""
+
+    def __init__(
+        self,
+        dir_fd: int,
+        name: str,
+        path: Path,
+        *,
+        check_header_digest: bool,
+        expect: tuple[int, int],
+        expect_size: int | None = None,
+    ) -> None:
         self.path = path
         self.mm: mmap.mmap | None = None
         where = str(path)
+        fd, st = open_in_directory(dir_fd, name, where)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise ArtifactError(f"cannot open: {exc.strerror}", path=where) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ArtifactError("not a regular file", path=where)
             self.size = st.st_size
+            if expect_size is not None and self.size != expect_size:
+                raise ArtifactError(
+                    f"shard is {self.size} bytes but the index records {expect_size} "
+                    "(truncated or replaced shard)",
+                    path=where,
+                )
             if self.size < PRELUDE_SIZE:
                 raise ArtifactError(
                     f"file is {self.size} bytes, shorter than the {PRELUDE_SIZE}-byte prelude "
@@ -171,9 +318,29 @@ class _Container:
             os.close(fd)
         try:
             self._read_header(check_header_digest)
+            self._check_shard(expect, expect_size is not None)
         except BaseException:
             self.close()
             raise
+
+    def _check_shard(self, expect: tuple[int, int], via_index: bool) -> None:
+        shard = (self.header.shard.index, self.header.shard.count)
+        if shard == expect:
+            return
+        if expect == (1, 1) and not via_index:
+            raise ArtifactError(
+                f"header says shard {shard[0]} of {shard[1]}, but the file is not named as a "
+                f"shard, so it must be a single-file artifact ({{index: 1, count: 1}})",
+                path=str(self.path),
+                hint="a shard is read through its model.ninfer.index.json or under its own "
+                "model-NNNNN-of-NNNNN.ninfer name",
+            )
+        said = "the index says" if via_index else "its file name says"
+        raise ArtifactError(
+            f"header says shard {shard[0]} of {shard[1]}, {said} {expect[0]} of {expect[1]}",
+            path=str(self.path),
+            hint="a shard renamed or copied under another shard's name",
+        )
 
     def _read_header(self, check_digest: bool) -> None:
         mm = self.mm
@@ -224,7 +391,7 @@ class _Container:
                 hint="run verify, or open with check_header_digest=False to inspect it",
             )
         self.header_offset = h_off
-        value = _json_loads(raw, "header", self.path)
+        value = _json_loads(raw, "header", self.path, _HEADER_DEPTH)
         try:
             header = Header.from_json(value)
             check_alignment(header.artifact.alignment)
@@ -266,59 +433,133 @@ class _Container:
             self.mm = None
 
 
-def _find(path: Path) -> tuple[Path | None, Path | None]:
-    """(index path, single container path) for what ``open_artifact`` was given."""
-    if path.is_dir():
-        index, single = path / INDEX_NAME, path / SINGLE_NAME
-        if index.exists() and single.exists():
-            raise ArtifactError(
-                f"directory holds both {SINGLE_NAME} and {INDEX_NAME}; which one is the "
-                "artifact is ambiguous",
-                path=str(path),
-            )
-        if index.exists():
-            return index, None
-        if single.exists():
-            return None, single
+_TOP_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _entry_kind(dir_fd: int, name: str) -> int | None:
+    """The ``lstat`` mode of ``name`` in the directory, or None when there is no such entry."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ArtifactError(f"cannot read the directory: {exc.strerror}", path=name) from None
+
+
+def _open_dir(path: Path) -> tuple[int, bool]:
+    """(descriptor of the model directory, whether ``path`` itself is that directory)."""
+    try:
+        return os.open(path, _TOP_DIR_FLAGS), True
+    except NotADirectoryError:
+        pass
+    except FileNotFoundError:
+        raise ArtifactError("no such file or directory", path=str(path)) from None
+    except OSError as exc:
+        raise ArtifactError(f"cannot open: {exc.strerror}", path=str(path)) from None
+    parent = path.parent
+    try:
+        return os.open(parent, _TOP_DIR_FLAGS), False
+    except OSError as exc:
         raise ArtifactError(
-            f"no artifact here: expected {SINGLE_NAME} or {INDEX_NAME}", path=str(path)
-        )
-    if not path.exists():
-        raise ArtifactError("no such file or directory", path=str(path))
-    if path.name.endswith(".index.json"):
-        return path, None
-    return None, path
+            f"cannot open its directory: {exc.strerror}", path=str(parent)
+        ) from None
+
+
+_SNAPSHOT_TRIES = 5
+"""Opens tried when the directory is replaced while it is being opened (convert --force)."""
+
+
+def _replaced(path: Path, dir_fd: int, is_dir: bool) -> bool:
+    """Whether the directory behind ``dir_fd`` was removed, or ``path`` now names another."""
+    here = os.fstat(dir_fd)
+    if here.st_nlink == 0:
+        return True
+    try:
+        now = os.stat(path if is_dir else path.parent)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (here.st_dev, here.st_ino)
 
 
 def open_artifact(path: str | os.PathLike[str], *, check_header_digest: bool = True) -> Artifact:
-    """Open a .ninfer file, one shard, a ``model.ninfer.index.json`` or a model directory."""
-    index_path, single = _find(Path(path))
-    if index_path is not None:
-        return _open_index(Path(path), index_path, check_header_digest)
-    assert single is not None  # _find returns exactly one of the two
-    container = _Container(single, check_header_digest=check_header_digest)
+    """Open a .ninfer file, one shard, a ``model.ninfer.index.json`` or a model directory.
+
+    The directory is opened once and every file of the artifact (shards, index, side files)
+    is opened through that descriptor before this returns, so the artifact is one consistent
+    snapshot even while ``convert --force`` replaces the directory (docs/container.md
+    section 9): when the directory is replaced or removed while it is being opened and a file
+    is missing because of it, the open starts again on what the name holds now."""
+    p = Path(path)
+    for attempt in range(1, _SNAPSHOT_TRIES + 1):
+        dir_fd, is_dir = _open_dir(p)
+        try:
+            art = _open_snapshot(p, dir_fd, is_dir, check_header_digest)
+        except ArtifactError:
+            again = attempt < _SNAPSHOT_TRIES and _replaced(p, dir_fd, is_dir)
+            os.close(dir_fd)
+            if again:
+                continue
+            raise
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        if attempt < _SNAPSHOT_TRIES and art._side_missing() and _replaced(p, dir_fd, is_dir):
+            art.close()
+            continue
+        return art
+    raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
+
+
+def _open_snapshot(p: Path, dir_fd: int, is_dir: bool, check_header_digest: bool) -> Artifact:
+    """One try of :func:`open_artifact`; the caller owns ``dir_fd`` until this returns."""
+    directory = p if is_dir else p.parent
+    if is_dir:
+        has_index = _entry_kind(dir_fd, INDEX_NAME) is not None
+        has_single = _entry_kind(dir_fd, SINGLE_NAME) is not None
+        if has_index and has_single:
+            raise ArtifactError(
+                f"directory holds both {SINGLE_NAME} and {INDEX_NAME}; which one is the "
+                "artifact is ambiguous",
+                path=str(p),
+            )
+        if not has_index and not has_single:
+            raise ArtifactError(
+                f"no artifact here: expected {SINGLE_NAME} or {INDEX_NAME}", path=str(p)
+            )
+        name = INDEX_NAME if has_index else SINGLE_NAME
+    else:
+        name = p.name
+        if _entry_kind(dir_fd, name) is None:
+            raise ArtifactError("no such file or directory", path=str(p))
+    if name.endswith(".index.json"):
+        return _open_index(p, dir_fd, directory, name, check_header_digest)
+    expect = parse_shard_name(name) or (1, 1)
+    container = _Container(
+        dir_fd, name, directory / name, check_header_digest=check_header_digest, expect=expect
+    )
     try:
-        return Artifact(Path(path), None, [container], None)
+        whole = name == SINGLE_NAME
+        return Artifact(p, None, [container], None, dir_fd=dir_fd, whole_directory=whole)
     except BaseException:
         container.close()
         raise
 
 
-def _open_index(opened: Path, index_path: Path, check_digest: bool) -> Artifact:
+def _open_index(
+    opened: Path, dir_fd: int, directory: Path, name: str, check_digest: bool
+) -> Artifact:
+    index_path = directory / name
     where = str(index_path)
+    fd, st = open_in_directory(dir_fd, name, where)
     try:
-        size = index_path.stat().st_size
-    except OSError as exc:
-        raise ArtifactError(f"cannot read: {exc.strerror}", path=where) from None
-    if size > MAX_INDEX_BYTES:
-        raise ArtifactError(
-            f"index is {size} bytes, over the {MAX_INDEX_BYTES}-byte cap", path=where
-        )
-    try:
-        raw = index_path.read_bytes()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read: {exc.strerror}", path=where) from None
-    value = _json_loads(raw, "index", index_path)
+        if st.st_size > MAX_INDEX_BYTES:
+            raise ArtifactError(
+                f"index is {st.st_size} bytes, over the {MAX_INDEX_BYTES}-byte cap", path=where
+            )
+        raw = read_bounded(fd, st.st_size, where)
+    finally:
+        os.close(fd)
+    value = _json_loads(raw, "index", index_path, _INDEX_DEPTH)
     try:
         index = IndexFile.from_json(value)
     except SchemaError as exc:
@@ -343,17 +584,13 @@ def _open_index(opened: Path, index_path: Path, check_digest: bool) -> Artifact:
     containers: list[_Container] = []
     try:
         for i, s in enumerate(index.shards, start=1):
-            shard_path = index_path.parent / s.file
-            if not shard_path.exists():
+            shard_path = directory / s.file
+            if _entry_kind(dir_fd, s.file) is None:
                 raise ArtifactError(f"shard {i} of {count} is missing", path=str(shard_path))
-            actual = shard_path.stat().st_size
-            if actual != s.size:
-                raise ArtifactError(
-                    f"shard is {actual} bytes but the index records {s.size} "
-                    "(truncated or replaced shard)",
-                    path=str(shard_path),
-                )
-            c = _Container(shard_path, check_header_digest=check_digest)
+            c = _Container(
+                dir_fd, s.file, shard_path, check_header_digest=check_digest,
+                expect=(i, count), expect_size=s.size,
+            )  # fmt: skip
             containers.append(c)
             if check_digest and c.stored_digest.hex() != s.digest:
                 raise IntegrityError(
@@ -361,18 +598,58 @@ def _open_index(opened: Path, index_path: Path, check_digest: bool) -> Artifact:
                     "recorded in the index",
                     path=str(shard_path),
                 )
-            if (c.header.shard.index, c.header.shard.count) != (i, count):
-                raise ArtifactError(
-                    f"header says shard {c.header.shard.index} of {c.header.shard.count}, the "
-                    f"index says {i} of {count}",
-                    path=str(shard_path),
-                )
-        artifact = Artifact(opened, index_path, containers, index)
+        artifact = Artifact(
+            opened, index_path, containers, index, dir_fd=dir_fd, whole_directory=True
+        )
     except BaseException:
         for c in containers:
             c.close()
         raise
     return artifact
+
+
+@dataclass
+class _SideHandle:
+    """A side file opened at open time (so it belongs to the same directory snapshot as the
+    containers), or the reason it could not be opened."""
+
+    fd: int | None
+    size: int
+    error: ArtifactError | None
+    missing: bool = False
+
+    @staticmethod
+    def open(dir_fd: int, name: str, path: Path) -> _SideHandle:
+        try:
+            fd, st = open_in_directory(dir_fd, name, str(path))
+        except ArtifactError as exc:
+            return _SideHandle(None, 0, exc, missing=exc.message == _NO_SUCH_FILE)
+        return _SideHandle(fd, st.st_size, None)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _strays(dir_fd: int, containers: list[_Container], index: IndexFile | None) -> tuple[str, ...]:
+    ours = {c.path.name for c in containers}
+    if index is not None:
+        ours.add(INDEX_NAME)
+    try:
+        names = os.listdir(dir_fd)
+    except OSError as exc:
+        raise ArtifactError(
+            f"cannot list the directory: {exc.strerror}", path=str(containers[0].path.parent)
+        ) from None
+    return tuple(
+        sorted(
+            n
+            for n in names
+            if n not in ours
+            and (n in (SINGLE_NAME, INDEX_NAME) or n.endswith(".ninfer") or parse_shard_name(n))
+        )
+    )
 
 
 class Artifact:
@@ -384,11 +661,17 @@ class Artifact:
         index_path: Path | None,
         containers: list[_Container],
         index: IndexFile | None,
+        *,
+        dir_fd: int,
+        whole_directory: bool,
     ) -> None:
         self.path = opened
         self.index_path = index_path
         self._containers = containers
         self._index = index
+        self._dir_fd: int | None = dir_fd
+        """The model directory, opened once; closed by :meth:`close` (after the side files
+        are opened it is only used to list the directory)."""
         first = containers[0].header
         self.meta: ArtifactMeta = first.artifact
         """Typed artifact metadata."""
@@ -453,6 +736,19 @@ class Artifact:
                 )
         self.tensors: Mapping[str, TensorInfo] = types.MappingProxyType(tensors)
         """Every stored tensor by name, in stored order."""
+        self._side: dict[str, _SideHandle] = {}
+        try:
+            for f in first.files:
+                self._side[f.name] = _SideHandle.open(dir_fd, f.name, self.directory / f.name)
+            self.stray_files: tuple[str, ...] = (
+                _strays(dir_fd, containers, index) if whole_directory else ()
+            )
+            """Names in the model directory that look like container files (``*.ninfer``, a
+            shard name, the index) but are not part of this artifact; empty when one shard or
+            a file that is not the directory's ``model.ninfer`` was opened."""
+        except BaseException:
+            self._close_side()
+            raise
 
     # -- files -------------------------------------------------------------------------------
 
@@ -465,9 +761,33 @@ class Artifact:
     def directory(self) -> Path:
         return self._containers[0].path.parent
 
+    @property
+    def file_sizes(self) -> tuple[int, ...]:
+        """Sizes of the container files as opened, in shard order (like :attr:`files`)."""
+        return tuple(c.size for c in self._containers)
+
     def total_bytes(self) -> int:
         """Size on disk of the container files (headers, gaps and planes)."""
         return sum(c.size for c in self._containers)
+
+    def read_side_file(self, name: str) -> bytes:
+        """The bytes of the recorded side file ``name`` (e.g. ``config.json``) from the same
+        directory snapshot as the containers, checked against its recorded size and digest.
+
+        Reads at most the recorded size: a file of another size is refused before it is read.
+        A side file that is missing, a symbolic link, not a regular file or changed raises
+        :class:`IntegrityError`; a name the header does not list is a :class:`UsageError`."""
+        f = self.side_files.get(name)
+        if f is None:
+            raise UsageError(
+                f"no side file {name!r} in this artifact; it records {sorted(self.side_files)}",
+                path=str(self.path),
+            )
+        problem, data = self._side_check(f, keep=True)
+        if problem is not None:
+            raise problem
+        assert data is not None
+        return data
 
     # -- payload -----------------------------------------------------------------------------
 
@@ -576,12 +896,19 @@ class Artifact:
         with self._planes(info) as views:
             return layout.unpack_rows(info.format, info.shape, views, rows)
 
-    def dequantize(self, name: str) -> npt.NDArray[np.float32]:
-        """float32 values per the spec's reconstruction equations (Sections 3 and 6)."""
+    def dequantize(self, name: str) -> npt.NDArray[np.float32] | npt.NDArray[np.int32]:
+        """Values per the spec's reconstruction equations (Sections 3 and 6): float32 for
+        every format except I32, whose values are integers and come back exactly as int32
+        (binary32 would round every odd value above 2^24)."""
         from ..dequant import dequantize_logical  # numeric core; imported lazily
 
         info = self._info(name)
-        result: npt.NDArray[np.float32] = dequantize_logical(info.format, self.read(name))
+        logical = self.read(name)
+        if info.format == "I32":
+            assert isinstance(logical, DirectWords)
+            exact: npt.NDArray[np.int32] = np.ascontiguousarray(logical.words).view(np.int32)
+            return exact
+        result: npt.NDArray[np.float32] = dequantize_logical(info.format, logical)
         return result
 
     # -- checks ------------------------------------------------------------------------------
@@ -667,28 +994,54 @@ class Artifact:
     def _side_file_problems(self) -> list[IntegrityError]:
         problems = []
         for f in self.side_files.values():
-            path = self.directory / f.name
-            try:
-                h = xxhash.xxh3_128()
-                size = 0
-                with open(path, "rb") as fh:
-                    while chunk := fh.read(_HASH_CHUNK):
-                        h.update(chunk)
-                        size += len(chunk)
-            except OSError as exc:
-                problems.append(
-                    IntegrityError(f"side file {f.name!r}: {exc.strerror}", path=str(path))
-                )
-                continue
-            if size != f.size or h.hexdigest() != f.digest:
-                problems.append(
-                    IntegrityError(
-                        f"side file {f.name!r} is {size} bytes with digest {h.hexdigest()}, "
-                        f"recorded {f.size} bytes with digest {f.digest}",
-                        path=str(path),
-                    )
-                )
+            problem, _ = self._side_check(f, keep=False)
+            if problem is not None:
+                problems.append(problem)
         return problems
+
+    def _side_check(self, f: SideFile, *, keep: bool) -> tuple[IntegrityError | None, bytes | None]:
+        """(problem, bytes when ``keep``) of one side file, read through its pinned
+        descriptor and never beyond its recorded size."""
+        path = str(self.directory / f.name)
+        handle = self._side.get(f.name)
+        if handle is None or (handle.fd is None and handle.error is None):
+            raise UsageError("the artifact is closed", path=str(self.path))
+        if handle.error is not None:
+            return IntegrityError(f"side file {f.name!r}: {handle.error.message}", path=path), None
+        assert handle.fd is not None
+        if handle.size != f.size:
+            return (
+                IntegrityError(
+                    f"side file {f.name!r} is {handle.size} bytes, recorded {f.size} bytes "
+                    f"with digest {f.digest}",
+                    path=path,
+                ),
+                None,
+            )
+        h = xxhash.xxh3_128()
+        parts: list[bytes] = []
+        pos = 0
+        try:
+            while pos < f.size:
+                chunk = os.pread(handle.fd, min(_HASH_CHUNK, f.size - pos), pos)
+                if not chunk:
+                    break
+                h.update(chunk)
+                if keep:
+                    parts.append(chunk)
+                pos += len(chunk)
+        except OSError as exc:
+            return IntegrityError(f"side file {f.name!r}: {exc.strerror}", path=path), None
+        if pos != f.size or h.hexdigest() != f.digest:
+            return (
+                IntegrityError(
+                    f"side file {f.name!r} is {pos} bytes with digest {h.hexdigest()}, "
+                    f"recorded {f.size} bytes with digest {f.digest}",
+                    path=path,
+                ),
+                None,
+            )
+        return None, b"".join(parts) if keep else None
 
     def padding_problems(self) -> list[ArtifactError]:
         """Every non-zero layout padding byte (canonical padding is all zero bits)."""
@@ -702,9 +1055,20 @@ class Artifact:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    def _side_missing(self) -> bool:
+        return any(h.missing for h in self._side.values())
+
+    def _close_side(self) -> None:
+        for handle in getattr(self, "_side", {}).values():
+            handle.close()
+
     def close(self) -> None:
         for c in self._containers:
             c.close()
+        self._close_side()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def __enter__(self) -> Artifact:
         return self

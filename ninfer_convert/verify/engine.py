@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -132,7 +133,8 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise UsageError("no such file or directory", path=str(p), hint="check the artifact path")
     if p.is_dir():
-        if not (p / SINGLE_NAME).exists() and not (p / INDEX_NAME).exists():
+        # lexists: a link named model.ninfer is an artifact entry the reader then refuses.
+        if not os.path.lexists(p / SINGLE_NAME) and not os.path.lexists(p / INDEX_NAME):
             raise UsageError(
                 f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
                 path=str(p),
@@ -140,11 +142,7 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
         return p
     if p.name.endswith((".index.json", ".ninfer")):
         return p
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(len(MAGIC))
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
+    head = _read_magic(p)
     if not head or not MAGIC.startswith(head):
         what = f"starts with {head.hex(' ')}" if head else "is empty"
         raise UsageError(
@@ -153,6 +151,26 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
             hint="pass a model.ninfer file, a shard index or the artifact directory",
         )
     return p
+
+
+def _read_magic(p: Path) -> bytes:
+    """The first bytes of ``p``, without blocking on a FIFO or reading a device."""
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(
+                "not a .ninfer artifact: not a regular file (a FIFO, device or socket)",
+                path=str(p),
+                hint="pass a model.ninfer file, a shard index or the artifact directory",
+            )
+        return os.pread(fd, len(MAGIC), 0)
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
+    finally:
+        os.close(fd)
 
 
 def _source_exists(spec: str) -> bool:
