@@ -83,6 +83,7 @@ from .recipe.materialize import (
 )
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
+from .source.hf_cache import CachedRepo, cached_identity, repo_json
 from .validate import validate_logical
 
 __all__ = [
@@ -299,6 +300,17 @@ def _metadata(
         for name, info in sorted(source.tensors.items())
         if name in digests
     }
+    source_meta: dict[str, Any] = {
+        "kind": plan.source_kind,
+        # Absolute, so `ninfer verify` finds the source from any working directory.
+        "path": os.path.abspath(plan.source_path),
+        "config": source.config,
+        "files": [{"name": n, "size": s} for n, s in plan.source_files],
+        "tensors": tensors,
+    }
+    repo = _repo_identity(plan, source)
+    if repo is not None:  # a cached repo id: record which snapshot, not a local path
+        source_meta.update(kind="hf-cache", path=repo.repo_id, repo=repo_json(repo))
     return {
         "producer": {"name": PRODUCER_NAME, "version": __version__},
         "recipe": {
@@ -307,14 +319,7 @@ def _metadata(
             "digest": recipe.digest,
             "evidence": evidence,
         },
-        "source": {
-            "kind": plan.source_kind,
-            # Absolute, so `ninfer verify` finds the source from any working directory.
-            "path": os.path.abspath(plan.source_path),
-            "config": source.config,
-            "files": [{"name": n, "size": s} for n, s in plan.source_files],
-            "tensors": tensors,
-        },
+        "source": source_meta,
         "alignment": alignment,
     }
 
@@ -407,6 +412,11 @@ def check_output(
     )
     free = check_free_space(out.parent, needed)
     return OutputCheck(dest, needed, free)
+def _repo_identity(plan: Plan, source: SourceCheckpoint) -> CachedRepo | None:
+    if not source.files:
+        return None
+    root = source.file_path(source.files[0][0]).parent
+    return cached_identity(plan.source_path, root)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -547,16 +547,26 @@ def test_a_different_source_is_not_the_recorded_one(
     assert report.source.origin == "argument" and not report.source.compared
 
 
-def test_missing_recorded_source_skips_with_a_reason(
+def test_missing_recorded_source_fails_unless_no_source(
     synthetic: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     src, recipe = write_all_formats_source(tmp_path / "src")
     art = tmp_path / "art"
     convert_checkpoint(src, recipe, art, device="cpu", alignment=64)
     shutil.rmtree(src)
+    # Source checks that cannot run are a failure (exit 4), never a silent pass.
     report = run(art)
-    assert report.passed and report.exit_code == 0
+    assert not report.passed and report.exit_code == 4
+    [finding] = report.check("source-identity").findings
+    assert finding.error == "SourceError" and "cannot run" in finding.message
+    assert "does not exist here" in finding.message and "--no-source" in finding.message
     assert "does not exist here" in report.check("source-words").note
+    assert [name for name, _ in report.not_run] == ["source-words", "oracle-sample"]
+    # Turned off on purpose: exit 0, and the report still lists what did not run.
+    off = run(art, use_recorded_source=False)
+    assert off.passed and off.exit_code == 0
+    assert [name for name, _ in off.not_run] == ["source-identity", "source-words",
+                                                 "oracle-sample"]  # fmt: skip
     # Given explicitly (an equal copy elsewhere), the comparison runs.
     report2 = run(art, source=synthetic[0])
     assert report2.passed and report2.source.compared

@@ -159,11 +159,14 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
         console.print(st)
 
     rate = human_bytes(int(report.bytes_per_second))
+    not_run = report.not_run
+    for name, why in not_run:
+        console.print(f"[bold yellow]NOT RUN[/]: {name}: {escape(why)}")
     if report.passed:
-        skipped = [c.name for c in report.checks if c.status == "skipped"]
         what = (
-            f"every check that ran passed ({len(skipped)} skipped)"
-            if skipped
+            f"every check that ran passed; {len(not_run)} NOT RUN: "
+            + ", ".join(name for name, _ in not_run)
+            if not_run
             else "every check passed"
         )
         console.print(
@@ -184,7 +187,8 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
               "or cached org/name). Default: the path recorded in the artifact, when it "
               "exists.")  # fmt: skip
 @click.option("--no-source", is_flag=True,
-              help="Skip the source checks even when the recorded source exists.")  # fmt: skip
+              help="Skip the source checks (reported as NOT RUN). Without it, source checks "
+              "that cannot run (recorded source not found) fail with exit 4.")  # fmt: skip
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Where grouped tensors are re-encoded.")  # fmt: skip
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True,
@@ -234,10 +238,10 @@ def command(
 
     In order: structure, integrity (every digest), layout padding, value invariants, and
     against the source (identity, bit-exact re-derivation, oracle sample), then error
-    statistics. Every finding is reported. Exit code 0 only when everything passes; 6 when the
-    artifact is invalid or differs from its source; 4 when the source is not the recorded one;
-    2 for usage errors. With --public-key the signature is checked first: exit 8 when it
-    does not match.
+    statistics. Every finding is reported. Exit code 0 only when everything passes (source
+    checks count unless --no-source); 6 when the artifact is invalid or differs from its source;
+    4 when the source is not the recorded one or cannot be found; 2 for usage errors. With
+    --public-key the signature is checked first: exit 8 when it does not match.
     """
     if source is not None and no_source:
         raise UsageError("--source and --no-source contradict each other")

@@ -19,6 +19,7 @@ reader turns it into :class:`~ninfer_convert.errors.ArtifactError` and the write
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -44,6 +45,7 @@ __all__ = [
     "SourceFile",
     "SourceInfo",
     "SourceRef",
+    "SourceRepo",
     "SourceTensor",
     "TensorEntry",
     "Transform",
@@ -448,29 +450,69 @@ class SourceTensor:
 
 
 @dataclass(frozen=True)
+class SourceRepo:
+    """Which cached Hugging Face snapshot a repo-id source was: id, revision asked, commit."""
+
+    id: str
+    revision: str | None
+    commit: str
+
+    KEYS: ClassVar[frozenset[str]] = frozenset({"id", "revision", "commit"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "revision": self.revision, "commit": self.commit}
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "repo") -> SourceRepo:
+        obj = _obj(value, where, cls.KEYS)
+        commit = _str(obj["commit"], f"{where}.commit")
+        if not _COMMIT_RE.fullmatch(commit):
+            raise SchemaError(f"{where}.commit", f"{commit[:80]!r} is not 40 lowercase hex digits")
+        revision = obj["revision"]
+        return cls(
+            id=_str(obj["id"], f"{where}.id", nonempty=True),
+            revision=None
+            if revision is None
+            else _str(revision, f"{where}.revision", nonempty=True),
+            commit=commit,
+        )
+
+
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
 class SourceInfo:
-    """Identity of the source checkpoint: kind, path, config, files and per-tensor digests."""
+    """Identity of the source checkpoint: kind, path, config, files and per-tensor digests;
+    ``repo`` (only for a cached repo-id source, and only then present in the JSON) names the
+    snapshot."""
 
     kind: str
     path: str
     config: Mapping[str, Any] | None
     files: tuple[SourceFile, ...]
     tensors: Mapping[str, SourceTensor] = field(default_factory=dict)
+    repo: SourceRepo | None = None
 
     KEYS: ClassVar[frozenset[str]] = frozenset({"kind", "path", "config", "files", "tensors"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"repo"})
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "path": self.path,
             "config": None if self.config is None else json_value(self.config, "config"),
             "files": [f.to_json() for f in self.files],
             "tensors": {k: v.to_json() for k, v in self.tensors.items()},
         }
+        if self.repo is not None:
+            out["repo"] = self.repo.to_json()
+        return out
 
     @classmethod
     def from_json(cls, value: object, where: str = "source") -> SourceInfo:
-        obj = _obj(value, where, cls.KEYS)
+        present = cls.OPTIONAL & set(value) if isinstance(value, Mapping) else frozenset()
+        obj = _obj(value, where, cls.KEYS | present)
         config = obj["config"]
         if config is not None and not isinstance(config, Mapping):
             raise SchemaError(f"{where}.config", f"expected an object or null, got {_kind(config)}")
@@ -489,6 +531,7 @@ class SourceInfo:
                 _str(k, f"{where}.tensors"): _coerce(SourceTensor, v, f"{where}.tensors.{k}")
                 for k, v in tensors.items()
             },
+            repo=_coerce(SourceRepo, obj["repo"], f"{where}.repo") if "repo" in obj else None,
         )
 
 

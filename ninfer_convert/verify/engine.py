@@ -42,6 +42,8 @@ Contract of :func:`verify_artifact`:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import stat
@@ -62,7 +64,7 @@ from ..container import Artifact, open_artifact
 from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
 from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
-from ..errors import ArtifactError, NinferError, SourceError, UsageError
+from ..errors import ArtifactError, IntegrityError, NinferError, SourceError, UsageError
 from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, Category, lookup_format
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
@@ -563,6 +565,156 @@ class _Prepared:
     words: list[Finding]
 
 
+def _source_side_files(src: SourceCheckpoint) -> dict[str, Path]:
+    """The side files convert copies from ``src``, by the name they get in the artifact."""
+    root = src.file_path(src.files[0][0]).parent if src.files else None
+    out: dict[str, Path] = {}
+    for path in src.side_files:
+        try:
+            name = path.relative_to(root).as_posix() if root is not None else path.name
+        except ValueError:
+            name = path.name
+        out[name] = path
+    return out
+
+
+def _source_file_digest(path: Path, size: int) -> str | None:
+    """xxh3-128 of a source side file of exactly ``size`` bytes (the recorded size), or None
+    when it is not a regular file of that size; never blocks on a FIFO, never reads more."""
+    import xxhash
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return None
+        h = xxhash.xxh3_128()
+        pos = 0
+        while pos < size:
+            chunk = os.pread(fd, min(1 << 24, size - pos), pos)
+            if not chunk:
+                return None
+            h.update(chunk)
+            pos += len(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _source_metadata_findings(art: Artifact, src: SourceCheckpoint, spec: str) -> list[Finding]:
+    """``source.files``, ``source.config`` and the side-file list against the source.
+
+    A difference that says the source is not the recorded one is a :class:`SourceError`
+    (exit 4): a weight file missing, added or of another size; a config that differs from the
+    recorded one and from the artifact's own ``config.json``; a side file the artifact records
+    that the source lacks, or whose bytes differ.  A difference that says the artifact is not
+    what convert makes of this source is an :class:`ArtifactError` (exit 6): a recorded config
+    that differs from both the source's and the artifact's own copy, or a side file the source
+    has but the artifact does not record (convert copies every one)."""
+    from ..container.wire import canonical_json
+
+    findings: list[Finding] = []
+    meta = art.meta.source
+
+    def add(exc: NinferError) -> None:
+        findings.append(Finding.of("source-identity", exc))
+
+    recorded_files = {f.name: f.size for f in meta.files}
+    actual_files = dict(src.files)
+    for name in sorted(set(recorded_files) | set(actual_files)):
+        was, now = recorded_files.get(name), actual_files.get(name)
+        if was == now:
+            continue
+        if now is None:
+            add(SourceError(f"the recorded source file {name!r} ({was} bytes) is missing",
+                            path=spec))  # fmt: skip
+        elif was is None:
+            add(SourceError(f"source file {name!r} ({now} bytes) is not recorded in the artifact",
+                            path=spec))  # fmt: skip
+        else:
+            add(SourceError(f"source file {name!r} is {now} bytes, recorded as {was}", path=spec))
+
+    def canon(value: object) -> bytes:
+        return canonical_json(value)
+
+    if canon(meta.config) != canon(src.config):
+        own: object = None
+        if "config.json" in art.side_files:
+            with contextlib.suppress(NinferError, ValueError):
+                own = json.loads(art.read_side_file("config.json"))
+        if src.config is not None and own is not None and canon(own) == canon(src.config):
+            add(ArtifactError(
+                "the recorded source.config differs from the source's config.json and from "
+                "the artifact's own copy of it (forged or damaged metadata)",
+                path=str(art.path),
+            ))  # fmt: skip
+        else:
+            add(SourceError(
+                "the source's config.json differs from the recorded source.config",
+                path=spec,
+                hint="the source changed since conversion, or it is another checkpoint",
+            ))  # fmt: skip
+
+    source_side = _source_side_files(src)
+    for name in sorted(set(source_side) - set(art.side_files)):
+        add(ArtifactError(
+            f"the source has the side file {name!r}, which the artifact does not record "
+            "(convert copies every side file, so its list was changed)",
+            path=str(art.path),
+        ))  # fmt: skip
+    for name, rec in art.side_files.items():
+        path = source_side.get(name)
+        if path is None:
+            add(SourceError(f"the artifact records the side file {name!r}, which the source "
+                            "does not have", path=spec))  # fmt: skip
+        elif _source_file_digest(path, rec.size) != rec.digest:
+            add(SourceError(
+                f"the source's side file {name!r} differs from the recorded one ({rec.size} "
+                f"bytes, digest {rec.digest})",
+                path=str(path),
+            ))  # fmt: skip
+    return findings
+
+
+NO_SOURCE_REASON = "source checks turned off (--no-source)"
+
+
+def _choose_source(
+    art: Artifact, source: str | os.PathLike[str] | None, use_recorded_source: bool
+) -> tuple[str, Literal["argument", "recorded"]] | _Prepared:
+    """The source to compare against and where it came from, or the prepared result when
+    there is none: skipped only when the caller turned the source checks off; a recorded
+    source that cannot be found is a ``source-identity`` finding (exit 4), never a pass."""
+    if source is not None:
+        return os.fspath(source), "argument"
+    if not use_recorded_source:
+        return _Prepared(SourceUse(None, "none", False, NO_SOURCE_REASON), None, [], [])
+    recorded = art.meta.source
+    if recorded.repo is not None:
+        # Exactly the converted snapshot, through the hub cache (offline).
+        return f"{recorded.repo.id}@{recorded.repo.commit}", "recorded"
+    if recorded.path and Path(recorded.path).expanduser().exists():
+        return recorded.path, "recorded"
+    what = f"the recorded source {recorded.path!r}" if recorded.path else "no source path"
+    reason = f"the source checks cannot run: {what} " + (
+        "does not exist here" if recorded.path else "is recorded in the artifact"
+    )
+    finding = Finding.of(
+        "source-identity",
+        SourceError(
+            reason,
+            path=str(art.path),
+            hint="pass --source SOURCE, or --no-source to verify without the source checks",
+        ),
+    )
+    return _Prepared(SourceUse(recorded.path or None, "none", False, reason), None, [finding], [])
+
+
 def _prepare_source(
     art: Artifact,
     source: str | os.PathLike[str] | None,
@@ -572,19 +724,10 @@ def _prepare_source(
     oracle_groups: int,
     seed: int,
 ) -> _Prepared:
-    recorded_path = art.meta.source.path
-    if source is not None:
-        spec, origin = os.fspath(source), "argument"
-    elif use_recorded_source and recorded_path and Path(recorded_path).expanduser().exists():
-        spec, origin = recorded_path, "recorded"
-    else:
-        reason = (
-            "source checks turned off"
-            if not use_recorded_source
-            else f"the recorded source {recorded_path!r} does not exist here; pass --source"
-        )
-        return _Prepared(SourceUse(None, "none", False, reason), None, [], [])
-    use_origin: Literal["argument", "recorded"] = "argument" if origin == "argument" else "recorded"
+    chosen = _choose_source(art, source, use_recorded_source)
+    if isinstance(chosen, _Prepared):
+        return chosen
+    spec, use_origin = chosen
 
     from ..recipe import build_plan, loads_recipe
     from ..source import open_source
@@ -624,7 +767,7 @@ def _prepare_source(
                 ),
             )
         )
-    identity: list[Finding] = []
+    identity: list[Finding] = _source_metadata_findings(art, src, spec)
     recorded = art.meta.source.tensors
     for name, rec in recorded.items():
         sinfo = src.tensors.get(name)
@@ -717,8 +860,52 @@ def _prepare_source(
         oracle_groups=oracle_groups,
         seed=seed,
     )
-    note = f"compared against {spec} ({'given' if origin == 'argument' else 'recorded path'})"
+    note = f"compared against {spec} ({'given' if use_origin == 'argument' else 'recorded'})"
     return _Prepared(SourceUse(spec, use_origin, True, note), ctx, identity, words)
+
+
+# ---------------------------------------------------------------------------------------------
+# Artifact-level checks beyond the reader's
+
+
+def _artifact_level_findings(art: Artifact) -> list[Finding]:
+    """``structure`` findings of an artifact that opened: container-like files in its
+    directory that are not part of it (a stale shard beside ``model.ninfer``)."""
+    return [
+        Finding.of(
+            "structure",
+            ArtifactError(
+                f"{name!r} looks like a container file but is not part of this artifact",
+                path=str(art.directory / name),
+                hint="a leftover of another conversion; remove it, or convert into an empty "
+                "directory",
+            ),
+        )
+        for name in art.stray_files
+    ]
+
+
+def _recipe_digest_findings(art: Artifact) -> list[Finding]:
+    """``recipe.digest`` against the recorded recipe text: ``sha256:<hex>`` of its UTF-8
+    bytes, the definition of :attr:`ninfer_convert.recipe.Recipe.digest`."""
+    import hashlib
+
+    recipe = art.meta.recipe
+    algorithm, sep, recorded = recipe.digest.partition(":")
+    if not sep or algorithm != "sha256":
+        message = (
+            f"recipe.digest {recipe.digest[:80]!r} is not 'sha256:<hex>', the only form verify "
+            "can check, so the recorded recipe text is unprotected"
+        )
+    else:
+        actual = hashlib.sha256(recipe.text.encode("utf-8")).hexdigest()
+        if actual == recorded:
+            return []
+        message = (
+            f"recipe.digest is sha256:{recorded[:80]} but the recorded recipe text hashes to "
+            f"sha256:{actual} (the text or the digest changed)"
+        )
+    return [Finding.of("integrity", IntegrityError(message, path=str(art.files[0])))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -803,7 +990,8 @@ def verify_artifact(
         names = list(art.tensors)
         files = art.files
         total_bytes = art.total_bytes()
-        results = [CheckResult("structure", "pass", len(names), ())]
+        structure = _artifact_level_findings(art)
+        results = [CheckResult("structure", _status(structure), len(names), tuple(structure))]
 
         t0 = time.perf_counter()
         emit("integrity", 0, total_bytes)
@@ -811,7 +999,7 @@ def verify_artifact(
         # checked by the worker that re-derives it, so those reads overlap the encoding.
         integrity = [
             Finding.of("integrity", e) for e in art.integrity_problems(plane_digests=False)
-        ]
+        ] + _recipe_digest_findings(art)
         timings["integrity"] = time.perf_counter() - t0
         emit("integrity", total_bytes, total_bytes)
 

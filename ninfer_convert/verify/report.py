@@ -51,11 +51,13 @@ CHECK_ORDER: tuple[str, ...] = (
 """The checks in the order they are reported (issue 5, steps 1-5)."""
 
 CHECK_DESCRIPTIONS: dict[str, str] = {
-    "structure": "header schema, registry identities, geometry, placement, shard index",
-    "integrity": "header, plane, shard and side-file digests; zero gap bytes",
+    "structure": "header schema, registry identities, geometry, placement, shard identity "
+    "and index, no stray container files",
+    "integrity": "header, plane, shard, side-file and recipe digests; zero gap bytes",
     "padding": "canonical layout padding is all zero bits",
     "values": "value invariants of spec Sections 3-6 (codes, scales, divisor)",
-    "source-identity": "the source is the recorded one (per-tensor dtype, shape, digest)",
+    "source-identity": "the source is the recorded one (files, config, side files, per-tensor "
+    "dtype, shape, digest)",
     "source-words": "every tensor equals its re-derivation from the source, bit for bit",
     "oracle-sample": "sampled groups re-encoded with the bit-level oracle match the artifact",
 }
@@ -273,6 +275,13 @@ class VerifyReport:
         return max(codes)
 
     @property
+    def not_run(self) -> list[tuple[str, str]]:
+        """(check, reason) of every check that did not run (status ``skipped``).  Only
+        ``--no-source`` (or an artifact that cannot be opened) skips checks: a source check
+        that cannot run for any other reason is a finding, so it never ends in exit 0."""
+        return [(c.name, c.note) for c in self.checks if c.status == "skipped"]
+
+    @property
     def first_mismatch(self) -> Mismatch | None:
         for f in self.findings:
             if f.mismatch is not None:
@@ -306,6 +315,7 @@ class VerifyReport:
             "exit_code": self.exit_code,
             "checks": [c.to_json() for c in self.checks],
             "findings_total": len(self.findings),
+            "not_run": [{"check": name, "reason": why} for name, why in self.not_run],
             "first_mismatch": None if first is None else first.to_json(),
             "statistics": {
                 "tensors": [s.to_json() for s in self.statistics],
