@@ -212,11 +212,15 @@ def test_a_single_file_must_say_shard_1_of_1(tmp_path: Path) -> None:
         open_artifact(tmp_path / "renamed.ninfer")
 
 
-def test_a_shard_must_match_the_name_it_is_opened_under(tmp_path: Path) -> None:
+def test_a_shard_must_match_the_name_it_is_opened_under(tmp_path: Path, capsys: Any) -> None:
+    from ninfer_convert.cli import main
+
     out = _art(tmp_path, "m", max_shard_size=200)
     one, two = out / "model-00001-of-00003.ninfer", out / "model-00002-of-00003.ninfer"
     with open_artifact(two) as art:  # a shard alone, under its own name: fine
         assert art.files == (two,)
+    assert main(["inspect", str(two)]) == 0
+    assert "1 of 3 shards (opened alone)" in capsys.readouterr().out
     shutil.copy(two, one)
     with pytest.raises(ArtifactError, match="shard 2 of 3, its file name says 1 of 3"):
         open_artifact(one)
@@ -290,12 +294,12 @@ def test_deeply_nested_header_and_index_are_typed_errors(tmp_path: Path) -> None
     out = _art(tmp_path, "m")
     deep = '"config":' + "[" * 2000 + "]" * 2000 + ',"x":'
     rewrite_header(out / SINGLE_NAME, lambda h: json.dumps(h).replace('"config":', deep).encode())
-    with pytest.raises(ArtifactError, match="nested too deeply") as info:
+    with pytest.raises(ArtifactError, match="nested too deeply: deeper than 68 levels") as info:
         open_artifact(out)
     assert SINGLE_NAME in str(info.value)
     sharded = _art(tmp_path, "s", max_shard_size=200)
     (sharded / INDEX_NAME).write_bytes(b"[" * 5000 + b"]" * 5000)
-    with pytest.raises(ArtifactError, match="index JSON is nested too deeply"):
+    with pytest.raises(ArtifactError, match="index JSON is nested too deeply: deeper than 8"):
         open_artifact(sharded)
 
 

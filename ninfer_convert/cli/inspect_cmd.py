@@ -28,6 +28,12 @@ def _bpw(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _shards(report: InspectReport) -> str:
+    if len(report.files) < report.shard_count:  # one shard opened by its own name
+        return f"{len(report.files)} of {report.shard_count} shards (opened alone)"
+    return f"{report.shard_count} shard(s)"
+
+
 def render_summary(
     report: InspectReport, *, table: bool = True, signature: SignatureStatus | None = None
 ) -> None:
@@ -45,7 +51,7 @@ def render_summary(
         f"Source     {escape(str(src['kind']))} {escape(str(src['path']))}: "
         f"{len(src['files'])} file(s), {src['tensor_count']} tensors recorded"
         + (f", model_type {escape(str(src['model_type']))}" if src.get("model_type") else ""),
-        f"Files      {report.shard_count} shard(s): "
+        f"Files      {_shards(report)}: "
         + ", ".join(f"{escape(n)} ({human_bytes(b)})" for n, b in report.files),
         f"Bytes      {human_bytes(report.total_bytes)} on disk = "
         f"{human_bytes(report.plane_bytes)} planes + {human_bytes(report.header_bytes)} headers "

@@ -7,23 +7,29 @@ Contract of :func:`verify_artifact`:
   option (:class:`~ninfer_convert.errors.UsageError`, exit code 2).  Everything else is a
   :class:`~.report.Finding` in the returned :class:`~.report.VerifyReport`; no check stops at
   its first problem, and a failing check does not stop later checks that can still run.
-* Checks, reported in this order: ``structure`` (everything :func:`open_artifact` validates),
-  ``integrity`` (:meth:`Artifact.integrity_problems`; the plane digests are taken per tensor
-  by the workers, the same check), ``padding``
+* Checks, reported in this order: ``structure`` (everything :func:`open_artifact` validates,
+  and no stray container file in the directory), ``integrity``
+  (:meth:`Artifact.integrity_problems`, the plane digests taken per tensor by the workers, and
+  ``recipe.digest`` against the recorded recipe text), ``padding``
   (:meth:`Artifact.padding_problems`), ``values`` (:func:`~ninfer_convert.validate.
   logical_problems` of every tensor), then against the source when one is used:
-  ``source-identity`` (recorded per-tensor dtype, shape and digest), ``source-words`` (every
+  ``source-identity`` (recorded weight files and sizes, ``config``, the side-file list with
+  sizes and digests, per-tensor dtype, shape and digest), ``source-words`` (every
   tensor equals :func:`ninfer_convert.convert.derive_logical` of its plan entry bit for bit: the
   re-encode of grouped tensors with their encoder profile, the copied NVFP4 / FP8 words, direct
   words with the recorded conversion re-applied, re-derived concat/transpose) and
   ``oracle-sample`` (sampled groups of every grouped tensor re-encoded with the exact reference
   of its encoder profile).
   Error statistics of every quantized tensor follow; they are information only.
-* The source is ``source`` when given, else the recorded ``metadata.source.path`` when it
-  exists locally (``use_recorded_source=False`` turns that off); otherwise the source checks
-  are ``skipped`` with the reason.  The plan is rebuilt from the recorded recipe text against
-  that source.  A tensor whose source digest differs from the recorded one is reported under
-  ``source-identity`` (exit 4) and is not compared word by word.
+* The source is ``source`` when given, else the recorded snapshot ``repo.id@repo.commit``
+  (resolved through the Hugging Face cache) for a repo-id source, else the recorded
+  ``source.path``.  Only ``use_recorded_source=False`` (``--no-source``) skips the source
+  checks; a recorded source that cannot be found is a ``source-identity`` finding
+  (:class:`~ninfer_convert.errors.SourceError`, exit 4), so skipped source checks never end in
+  exit 0 by accident.  :attr:`~.report.VerifyReport.not_run` lists every skipped check.  The
+  plan is rebuilt from the recorded recipe text against that source.  A tensor whose source
+  digest differs from the recorded one is reported under ``source-identity`` (exit 4) and is
+  not compared word by word.
 * Memory: the per-tensor checks run on a pool of ``jobs`` threads, each holding one tensor
   (its re-derivation, its packed planes, its source words) at a time, with convert's rule for
   bytes in flight (at most the largest tensor's source bytes, or 256 MiB when that is larger;
