@@ -384,6 +384,7 @@ def summarize(art: Artifact, *, filter: str | None = None) -> InspectReport:
             "tensor_count": len(source.tensors),
             "model_type": (source.config or {}).get("model_type"),
             "architectures": (source.config or {}).get("architectures"),
+            "repo": None if source.repo is None else source.repo.to_json(),
         },
         files=tuple(files),
         side_files=tuple(f.to_json() for f in art.side_files.values()),

@@ -21,6 +21,7 @@ from ninfer_convert.cli import main
 from ninfer_convert.container import open_artifact
 from ninfer_convert.container.wire import SINGLE_NAME
 from ninfer_convert.convert import convert_checkpoint
+from ninfer_convert.inspect import inspect_artifact
 from ninfer_convert.verify import VerifyReport, verify_artifact
 
 RECIPE = """\
@@ -279,6 +280,8 @@ def test_a_repo_id_records_its_snapshot_and_verify_uses_it(
         source = art.metadata["source"]
     assert source["kind"] == "hf-cache" and source["path"] == "acme/mini-llama"
     assert source["repo"] == {"id": "acme/mini-llama", "revision": None, "commit": COMMIT_1}
+    inspected = inspect_artifact(out).to_json()["source"]
+    assert inspected["repo"]["commit"] == COMMIT_1 and inspected["kind"] == "hf-cache"
 
     # From another working directory, with no --source: the recorded snapshot is compared.
     elsewhere = tmp_path / "elsewhere"

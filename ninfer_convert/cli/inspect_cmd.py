@@ -48,7 +48,9 @@ def render_summary(
         f"{escape(str(report.producer.get('version')))}",
         f"Recipe     {escape(str(rec['name']))} ({escape(str(rec['digest']))}), "
         f"{len(rec['evidence'])} evidence entries",
-        f"Source     {escape(str(src['kind']))} {escape(str(src['path']))}: "
+        f"Source     {escape(str(src['kind']))} {escape(str(src['path']))}"
+        + (f" @ {escape(str(src['repo']['commit']))}" if src.get("repo") else "")
+        + ": "
         f"{len(src['files'])} file(s), {src['tensor_count']} tensors recorded"
         + (f", model_type {escape(str(src['model_type']))}" if src.get("model_type") else ""),
         f"Files      {_shards(report)}: "

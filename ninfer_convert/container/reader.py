@@ -436,14 +436,14 @@ class _Container:
 _TOP_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _entry_kind(dir_fd: int, name: str) -> int | None:
+def _entry_kind(dir_fd: int, name: str, directory: Path) -> int | None:
     """The ``lstat`` mode of ``name`` in the directory, or None when there is no such entry."""
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ArtifactError(f"cannot read the directory: {exc.strerror}", path=name) from None
+        raise ArtifactError(f"cannot look up: {exc.strerror}", path=str(directory / name)) from None
 
 
 def _open_dir(path: Path) -> tuple[int, bool]:
@@ -514,8 +514,8 @@ def _open_snapshot(p: Path, dir_fd: int, is_dir: bool, check_header_digest: bool
     """One try of :func:`open_artifact`; the caller owns ``dir_fd`` until this returns."""
     directory = p if is_dir else p.parent
     if is_dir:
-        has_index = _entry_kind(dir_fd, INDEX_NAME) is not None
-        has_single = _entry_kind(dir_fd, SINGLE_NAME) is not None
+        has_index = _entry_kind(dir_fd, INDEX_NAME, directory) is not None
+        has_single = _entry_kind(dir_fd, SINGLE_NAME, directory) is not None
         if has_index and has_single:
             raise ArtifactError(
                 f"directory holds both {SINGLE_NAME} and {INDEX_NAME}; which one is the "
@@ -529,7 +529,7 @@ def _open_snapshot(p: Path, dir_fd: int, is_dir: bool, check_header_digest: bool
         name = INDEX_NAME if has_index else SINGLE_NAME
     else:
         name = p.name
-        if _entry_kind(dir_fd, name) is None:
+        if _entry_kind(dir_fd, name, directory) is None:
             raise ArtifactError("no such file or directory", path=str(p))
     if name.endswith(".index.json"):
         return _open_index(p, dir_fd, directory, name, check_header_digest)
@@ -585,7 +585,7 @@ def _open_index(
     try:
         for i, s in enumerate(index.shards, start=1):
             shard_path = directory / s.file
-            if _entry_kind(dir_fd, s.file) is None:
+            if _entry_kind(dir_fd, s.file, directory) is None:
                 raise ArtifactError(f"shard {i} of {count} is missing", path=str(shard_path))
             c = _Container(
                 dir_fd, s.file, shard_path, check_header_digest=check_digest,
