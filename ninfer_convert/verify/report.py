@@ -276,9 +276,10 @@ class VerifyReport:
 
     @property
     def not_run(self) -> list[tuple[str, str]]:
-        """(check, reason) of every check that did not run (status ``skipped``).  Only
-        ``--no-source`` (or an artifact that cannot be opened) skips checks: a source check
-        that cannot run for any other reason is a finding, so it never ends in exit 0."""
+        """(check, reason) of every check that did not run (status ``skipped``).  Skipped
+        checks end in exit 0 only with ``--no-source``: source checks that cannot run for any
+        other reason come with a failing ``source-identity`` finding, and an artifact that
+        cannot be opened fails ``structure``."""
         return [(c.name, c.note) for c in self.checks if c.status == "skipped"]
 
     @property
