@@ -208,7 +208,7 @@ def test_cli_says_loudly_what_did_not_run(
     shutil.rmtree(src)
     assert main(["verify", "-q", str(out)]) == 4
     text = capsys.readouterr().out
-    assert "NOT RUN: source-words" in text and "NOT RUN: oracle-sample" in text
+    assert "NOT RUN: source-words, oracle-sample: the source checks cannot run" in text
     assert "FAIL" in text
     assert main(["verify", "-q", "--json", str(out)]) == 4
     data = json.loads(capsys.readouterr().out)
@@ -216,7 +216,8 @@ def test_cli_says_loudly_what_did_not_run(
     assert data["checks"][4]["findings"][0]["error"] == "SourceError"
     assert main(["verify", "-q", "--no-source", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "NOT RUN: source-identity" in text and "3 NOT RUN" in text
+    assert "NOT RUN: source-identity, source-words, oracle-sample: source checks turned off" in text
+    assert "3 NOT RUN" in text
 
 
 def test_an_artifact_without_a_recorded_source_path_fails_without_no_source(

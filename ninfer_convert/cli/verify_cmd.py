@@ -160,8 +160,11 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
 
     rate = human_bytes(int(report.bytes_per_second))
     not_run = report.not_run
+    reasons: dict[str, list[str]] = {}
     for name, why in not_run:
-        console.print(f"[bold yellow]NOT RUN[/]: {name}: {escape(why)}")
+        reasons.setdefault(why, []).append(name)
+    for why, names in reasons.items():  # one loud line per reason, naming every check
+        console.print(f"[bold yellow]NOT RUN[/]: {', '.join(names)}: {escape(why)}")
     if report.passed:
         what = (
             f"every check that ran passed; {len(not_run)} NOT RUN: "
