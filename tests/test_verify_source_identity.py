@@ -166,10 +166,11 @@ def test_an_emptied_side_file_list_is_caught_with_the_source(
     assert run(out, use_recorded_source=False).exit_code == 0
     report = run(out)
     assert report.exit_code == 6
-    messages = sorted(m for e, m in findings(report, "source-identity") if e == "ArtifactError")
-    assert len(messages) == 2
-    assert "'config.json', which the artifact does not record" in messages[0]
-    assert "'tokenizer.json', which the artifact does not record" in messages[1]
+    messages = [m for e, m in findings(report, "source-identity") if e == "ArtifactError"]
+    assert len(messages) == 3
+    assert "convert writes the side file 'README.md'" in messages[0]  # the generated card
+    assert "'config.json', which the artifact does not record" in messages[1]
+    assert "'tokenizer.json', which the artifact does not record" in messages[2]
 
 
 def test_side_files_the_source_lacks_or_changed(made: tuple[Path, Path, Path]) -> None:
@@ -325,3 +326,20 @@ def test_a_directory_source_records_no_repo(made: tuple[Path, Path, Path]) -> No
     with open_artifact(made[2]) as art:
         assert "repo" not in art.metadata["source"] and art.meta.source.repo is None
         assert art.metadata["source"]["path"] == str(made[0])
+
+
+def test_side_files_follow_converts_naming_of_the_model_card(tmp_path: Path) -> None:
+    src = _write_source(tmp_path / "src")
+    (src / "README.md").write_text("# the source's own card\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    out = tmp_path / "art"
+    convert_checkpoint(src, recipe, out, device="cpu", alignment=64)
+    with open_artifact(out) as art:
+        assert {"README.md", "SOURCE_README.md"} <= set(art.side_files)
+    assert run(out).passed
+    (src / "README.md").write_text("# changed\n")
+    report = run(out)
+    assert report.exit_code == 4
+    [(error, message)] = findings(report, "source-identity")
+    assert error == "SourceError" and "'SOURCE_README.md' differs" in message

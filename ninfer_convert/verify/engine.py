@@ -571,17 +571,14 @@ class _Prepared:
     words: list[Finding]
 
 
-def _source_side_files(src: SourceCheckpoint) -> dict[str, Path]:
-    """The side files convert copies from ``src``, by the name they get in the artifact."""
-    root = src.file_path(src.files[0][0]).parent if src.files else None
-    out: dict[str, Path] = {}
-    for path in src.side_files:
-        try:
-            name = path.relative_to(root).as_posix() if root is not None else path.name
-        except ValueError:
-            name = path.name
-        out[name] = path
-    return out
+def _source_side_files(plan: Plan, src: SourceCheckpoint) -> tuple[dict[str, Path], set[str]]:
+    """(the side files convert copies from ``src`` by their name in the artifact, the names
+    convert generates itself), with convert's own naming (:func:`~ninfer_convert.card.
+    side_file_names`: the source's README.md is kept as SOURCE_README.md under a card)."""
+    from ..card import README_NAME, side_file_names
+
+    copied = {name: path for path, name in side_file_names(plan, list(src.side_files))}
+    return copied, {README_NAME} if plan.recipe.output.readme else set()
 
 
 def _source_file_digest(path: Path, size: int) -> str | None:
@@ -612,7 +609,9 @@ def _source_file_digest(path: Path, size: int) -> str | None:
         os.close(fd)
 
 
-def _source_metadata_findings(art: Artifact, src: SourceCheckpoint, spec: str) -> list[Finding]:
+def _source_metadata_findings(
+    art: Artifact, plan: Plan, src: SourceCheckpoint, spec: str
+) -> list[Finding]:
     """``source.files``, ``source.config`` and the side-file list against the source.
 
     A difference that says the source is not the recorded one is a :class:`SourceError`
@@ -666,7 +665,18 @@ def _source_metadata_findings(art: Artifact, src: SourceCheckpoint, spec: str) -
                 hint="the source changed since conversion, or it is another checkpoint",
             ))  # fmt: skip
 
-    source_side = _source_side_files(src)
+    try:
+        source_side, generated = _source_side_files(plan, src)
+    except NinferError as exc:
+        add(SourceError(f"convert would refuse this source's side files: {exc.message}",
+                        path=exc.path or spec))  # fmt: skip
+        return findings
+    for name in sorted(generated - set(art.side_files)):
+        add(ArtifactError(
+            f"convert writes the side file {name!r} for this recipe, but the artifact does not "
+            "record it",
+            path=str(art.path),
+        ))  # fmt: skip
     for name in sorted(set(source_side) - set(art.side_files)):
         add(ArtifactError(
             f"the source has the side file {name!r}, which the artifact does not record "
@@ -675,6 +685,8 @@ def _source_metadata_findings(art: Artifact, src: SourceCheckpoint, spec: str) -
         ))  # fmt: skip
     for name, rec in art.side_files.items():
         path = source_side.get(name)
+        if name in generated:
+            continue  # made by convert, not copied; integrity checks its recorded digest
         if path is None:
             add(SourceError(f"the artifact records the side file {name!r}, which the source "
                             "does not have", path=spec))  # fmt: skip
@@ -773,7 +785,7 @@ def _prepare_source(
                 ),
             )
         )
-    identity: list[Finding] = _source_metadata_findings(art, src, spec)
+    identity: list[Finding] = _source_metadata_findings(art, plan, src, spec)
     recorded = art.meta.source.tensors
     for name, rec in recorded.items():
         sinfo = src.tensors.get(name)
