@@ -343,3 +343,32 @@ def test_side_files_follow_converts_naming_of_the_model_card(tmp_path: Path) -> 
     assert report.exit_code == 4
     [(error, message)] = findings(report, "source-identity")
     assert error == "SourceError" and "'SOURCE_README.md' differs" in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda t: t.update(role="embedding"), "role 'embedding', the recipe gives 'w'"),
+        (lambda t: t["provenance"]["rule"].update(line=99), "provenance.rule"),
+        (lambda t: t["provenance"].update(constraints=["finite"]), "provenance.constraints"),
+        (lambda t: t["provenance"]["sources"][0].update(dtype="BF16"), "provenance.sources"),
+        (lambda t: t["provenance"]["sources"][0].update(file="x.safetensors"),
+         "provenance.sources"),
+    ],
+)
+def test_forged_tensor_metadata_is_a_finding(
+    made: tuple[Path, Path, Path], edit: Any, words: str
+) -> None:
+    out = made[2]
+
+    def forge(h: dict[str, Any]) -> None:
+        [tensor] = [t for t in h["tensors"] if t["name"] == "w"]
+        edit(tensor)
+
+    rewrite_header(out / SINGLE_NAME, forge)
+    report = run(out)
+    assert report.exit_code == 6
+    [(error, message)] = findings(report, "source-words")
+    assert error == "ArtifactError" and words in message and "recorded recipe" in message
+    # The words themselves were still compared (and are equal).
+    assert report.check("source-words").tensors == 2

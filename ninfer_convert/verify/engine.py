@@ -866,6 +866,9 @@ def _prepare_source(
                 )
             )
     bad = {f.tensor for f in words}
+    # Metadata that does not change the words (role, rule, constraints, source dtypes, shapes
+    # and files, transforms): a finding, and the words are still compared.
+    words += _recorded_metadata_findings(art, entries, bad)
     usable = {n: e for n, e in entries.items() if n in art.tensors and n not in bad}
     from ..convert import resolve_device
 
@@ -924,6 +927,49 @@ def _recipe_digest_findings(art: Artifact) -> list[Finding]:
             f"sha256:{actual} (the text or the digest changed)"
         )
     return [Finding.of("integrity", IntegrityError(message, path=str(art.files[0])))]
+
+
+def _recorded_metadata_findings(
+    art: Artifact, entries: Mapping[str, PlanEntry], skip: set[str | None]
+) -> list[Finding]:
+    """Each stored tensor's ``role`` and whole ``provenance`` against what convert records
+    for its plan entry (:func:`ninfer_convert.convert.provenance_of`, the one definition)."""
+    from ..container.schema import Provenance, SchemaError
+    from ..convert import provenance_of
+
+    findings: list[Finding] = []
+    for name, entry in entries.items():
+        info = art.tensors.get(name)
+        if info is None or name in skip:
+            continue
+        problems = []
+        if info.role != entry.role:
+            problems.append(f"role {info.role!r}, the recipe gives {entry.role!r}")
+        try:
+            expected = Provenance.from_json(provenance_of(entry)).to_json()
+        except SchemaError as exc:  # pragma: no cover - convert writes exactly this
+            problems.append(f"the recipe's provenance does not fit the schema: {exc}")
+        else:
+            stored = info.entry.provenance.to_json()
+            for key in sorted(set(expected) | set(stored)):
+                if expected.get(key) != stored.get(key):
+                    problems.append(
+                        f"provenance.{key} {json.dumps(stored.get(key))[:200]}, the recipe "
+                        f"gives {json.dumps(expected.get(key))[:200]}"
+                    )
+        if problems:
+            findings.append(
+                Finding.of(
+                    "source-words",
+                    ArtifactError(
+                        "the header's metadata disagrees with the recorded recipe: "
+                        + "; ".join(problems),
+                        path=str(info.file),
+                        tensor=name,
+                    ),
+                )
+            )
+    return findings
 
 
 # ---------------------------------------------------------------------------------------------
