@@ -48,7 +48,7 @@ for path in sys.argv[1:]:
     try:
         with open_artifact(path) as art:
             case["open"] = "ok"
-            case["integrity"] = [str(p) for p in art.integrity_problems()]
+            case["integrity"] = [type(p).__name__ + ": " + str(p) for p in art.integrity_problems()]
     except NinferError as exc:
         case["open"] = type(exc).__name__ + ": " + str(exc)
     for cmd in (["verify", "--no-source", "--json", "-q"], ["inspect", "--json"]):
@@ -141,6 +141,7 @@ def test_fifos_devices_and_links_are_refused_without_hanging(tmp_path: Path) -> 
         r = results[label]
         assert r["open"] == "ok", r
         assert len(r["integrity"]) == 1 and words in r["integrity"][0], r
+        assert r["integrity"][0].startswith("IntegrityError: ")
         assert "config.json" in r["integrity"][0]
         assert r["verify"] == 6, r
         assert any(words in m for m in r["verify_findings"]), r
