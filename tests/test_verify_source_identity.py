@@ -372,3 +372,23 @@ def test_forged_tensor_metadata_is_a_finding(
     assert error == "ArtifactError" and words in message and "recorded recipe" in message
     # The words themselves were still compared (and are equal).
     assert report.check("source-words").tensors == 2
+
+
+def test_a_deeply_nested_config_json_in_the_artifact_is_no_traceback(
+    made: tuple[Path, Path, Path],
+) -> None:
+    out = made[2]
+    deep = b"[" * 5000 + b"]" * 5000
+    (out / "config.json").write_bytes(deep)
+
+    def forge(h: dict[str, Any]) -> None:
+        [entry] = [f for f in h["files"] if f["name"] == "config.json"]
+        entry.update(size=len(deep), digest=xxhash.xxh3_128_hexdigest(deep))
+        h["artifact"]["source"]["config"] = {"model_type": "other"}
+
+    rewrite_header(out / SINGLE_NAME, forge)
+    report = run(out)
+    assert report.exit_code == 4
+    messages = [m for _, m in findings(report, "source-identity")]
+    assert any("differs from the recorded source.config" in m for m in messages)
+    assert any("'config.json' differs from the recorded one" in m for m in messages)

@@ -72,6 +72,7 @@ from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, IntegrityError, NinferError, SourceError, UsageError
 from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, Category, lookup_format
+from ..jsonlimits import nesting_problem
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
 from ..readahead import ReadAheadWindow
@@ -644,15 +645,20 @@ def _source_metadata_findings(
         else:
             add(SourceError(f"source file {name!r} is {now} bytes, recorded as {was}", path=spec))
 
-    def canon(value: object) -> bytes:
-        return canonical_json(value)
+    def same(a: object, b: object) -> bool:  # JSON equality: 1 and true, 1 and 1.0 differ
+        try:
+            return canonical_json(a) == canonical_json(b)
+        except (TypeError, ValueError):  # not JSON text (a lone surrogate): not the same
+            return False
 
-    if canon(meta.config) != canon(src.config):
+    if not same(meta.config, src.config):
         own: object = None
         if "config.json" in art.side_files:
             with contextlib.suppress(NinferError, ValueError):
-                own = json.loads(art.read_side_file("config.json"))
-        if src.config is not None and own is not None and canon(own) == canon(src.config):
+                text = art.read_side_file("config.json").decode("utf-8")
+                if nesting_problem(text) is None:  # json.loads recurses once per level
+                    own = json.loads(text)
+        if src.config is not None and own is not None and same(own, src.config):
             add(ArtifactError(
                 "the recorded source.config differs from the source's config.json and from "
                 "the artifact's own copy of it (forged or damaged metadata)",
