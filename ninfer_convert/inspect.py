@@ -256,6 +256,8 @@ class InspectReport:
     tensor_count: int
     filter: str | None
     details: TensorDetails | None = None
+    stray_files: tuple[str, ...] = ()
+    """Container-like names in the directory that are not part of the artifact."""
 
     @property
     def weights(self) -> int:
@@ -276,6 +278,7 @@ class InspectReport:
                 "header_bytes": self.header_bytes,
                 "gap_bytes": self.gap_bytes,
                 "side_files": list(self.side_files),
+                "stray_files": list(self.stray_files),
             },
             "producer": self.producer,
             "recipe": self.recipe,
@@ -388,6 +391,7 @@ def summarize(art: Artifact, *, filter: str | None = None) -> InspectReport:
         },
         files=tuple(files),
         side_files=tuple(f.to_json() for f in art.side_files.values()),
+        stray_files=art.stray_files,
         shard_count=art.shard_count,
         alignment=meta.alignment,
         total_bytes=sum(s for _, s in files),

@@ -248,7 +248,9 @@ def test_inspect_refuses_a_forged_single_file(tmp_path: Path, capsys: Any) -> No
 # Stray container files
 
 
-def test_stray_container_files_are_listed(tmp_path: Path) -> None:
+def test_stray_container_files_are_listed(tmp_path: Path, capsys: Any) -> None:
+    from ninfer_convert.cli import main
+
     single = _art(tmp_path, "single")
     sharded = _art(tmp_path, "sharded", max_shard_size=200)
     with open_artifact(single) as art:
@@ -262,6 +264,11 @@ def test_stray_container_files_are_listed(tmp_path: Path) -> None:
         assert art.stray_files == ("model-00001-of-00002.ninfer", "old.ninfer")
     with open_artifact(single / SINGLE_NAME) as art:
         assert art.stray_files == ("model-00001-of-00002.ninfer", "old.ninfer")
+    assert main(["inspect", str(single)]) == 0
+    assert "Stray      model-00001-of-00002.ninfer, old.ninfer" in capsys.readouterr().out
+    assert main(["inspect", "--json", str(single)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["artifact"]["stray_files"] == ["model-00001-of-00002.ninfer", "old.ninfer"]
     shutil.copy(single / SINGLE_NAME, sharded / "model-00004-of-00004.ninfer")
     with open_artifact(sharded) as art:
         assert art.stray_files == ("model-00004-of-00004.ninfer",)

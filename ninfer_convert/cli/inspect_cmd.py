@@ -61,6 +61,12 @@ def render_summary(
         f"overhead {100 * overhead / report.total_bytes if report.total_bytes else 0:.2f}%)",
         f"Side files {', '.join(escape(str(f['name'])) for f in report.side_files) or '-'}",
     ]
+    if report.stray_files:
+        lines.append(
+            "[bold yellow]Stray[/]      "
+            + ", ".join(escape(n) for n in report.stray_files)
+            + " (container-like files that are not part of this artifact; verify fails on them)"
+        )
     if signature is not None:
         lines.append(f"Signature  {escape(signature.describe())}")
     for line in lines:
