@@ -572,17 +572,21 @@ class _Prepared:
     words: list[Finding]
 
 
-def _source_side_files(plan: Plan, src: SourceCheckpoint) -> tuple[dict[str, Path], set[str]]:
+def _source_side_files(
+    plan: Plan, src: SourceCheckpoint
+) -> tuple[dict[str, os.PathLike[str]], set[str]]:
     """(the side files convert copies from ``src`` by their name in the artifact, the names
     convert generates itself), with convert's own naming (:func:`~ninfer_convert.card.
     side_file_names`: the source's README.md is kept as SOURCE_README.md under a card)."""
     from ..card import README_NAME, side_file_names
 
-    copied = {name: path for path, name in side_file_names(plan, list(src.side_files))}
+    copied: dict[str, os.PathLike[str]] = {
+        name: source for source, name in side_file_names(plan, list(src.side_files))
+    }
     return copied, {README_NAME} if plan.recipe.output.readme else set()
 
 
-def _source_file_digest(path: Path, size: int) -> str | None:
+def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
     """xxh3-128 of a source side file of exactly ``size`` bytes (the recorded size), or None
     when it is not a regular file of that size; never blocks on a FIFO, never reads more."""
     import xxhash
@@ -700,7 +704,7 @@ def _source_metadata_findings(
             add(SourceError(
                 f"the source's side file {name!r} differs from the recorded one ({rec.size} "
                 f"bytes, digest {rec.digest})",
-                path=str(path),
+                path=os.fspath(path),
             ))  # fmt: skip
     return findings
 
