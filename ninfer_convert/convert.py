@@ -83,7 +83,7 @@ from .recipe.materialize import (
 )
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
-from .source.hf_cache import CachedRepo, cached_identity, repo_json
+from .source.hf_cache import cached_identity, repo_json
 from .validate import validate_logical
 
 __all__ = [
@@ -308,7 +308,8 @@ def _metadata(
         "files": [{"name": n, "size": s} for n, s in plan.source_files],
         "tensors": tensors,
     }
-    repo = _repo_identity(plan, source)
+    root = source.file_path(source.files[0][0]).parent if source.files else None
+    repo = None if root is None else cached_identity(plan.source_path, root)
     if repo is not None:  # a cached repo id: record which snapshot, not a local path
         source_meta.update(kind="hf-cache", path=repo.repo_id, repo=repo_json(repo))
     return {
@@ -412,11 +413,6 @@ def check_output(
     )
     free = check_free_space(out.parent, needed)
     return OutputCheck(dest, needed, free)
-def _repo_identity(plan: Plan, source: SourceCheckpoint) -> CachedRepo | None:
-    if not source.files:
-        return None
-    root = source.file_path(source.files[0][0]).parent
-    return cached_identity(plan.source_path, root)
 
 
 # ---------------------------------------------------------------------------------------------
