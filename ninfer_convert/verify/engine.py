@@ -577,11 +577,16 @@ def _source_side_files(
 ) -> tuple[dict[str, os.PathLike[str]], set[str]]:
     """(the side files convert copies from ``src`` by their name in the artifact, the names
     convert generates itself), with convert's own naming (:func:`~ninfer_convert.card.
-    side_file_names`: the source's README.md is kept as SOURCE_README.md under a card)."""
+    side_file_names`: the source's README.md is kept as SOURCE_README.md under a card) and its
+    one exclusion (the source's own signature, ``model.sig``, which signs the source's files:
+    :func:`~ninfer_convert.convert.convert_checkpoint` does not copy it)."""
     from ..card import README_NAME, side_file_names
+    from ..signing import SIGNATURE_NAME
 
     copied: dict[str, os.PathLike[str]] = {
-        name: source for source, name in side_file_names(plan, list(src.side_files))
+        name: source
+        for source, name in side_file_names(plan, list(src.side_files))
+        if name != SIGNATURE_NAME
     }
     return copied, {README_NAME} if plan.recipe.output.readme else set()
 
