@@ -670,8 +670,9 @@ class Artifact:
         self._containers = containers
         self._index = index
         self._dir_fd: int | None = dir_fd
-        """The model directory, opened once; closed by :meth:`close` (after the side files
-        are opened it is only used to list the directory)."""
+        """The model directory, opened once, through which every file was opened; held
+        until :meth:`close` so the snapshot's directory can be told apart from whatever the
+        name holds later."""
         first = containers[0].header
         self.meta: ArtifactMeta = first.artifact
         """Typed artifact metadata."""
