@@ -14,6 +14,14 @@ Contract (docs/container.md, "Reading" and "Validation"):
   :meth:`Artifact.verify_tensor` (one tensor's share of it).
 * :meth:`Artifact.read` returns the logical tensor as fresh arrays (valid after ``close``);
   :meth:`Artifact.read_rows` decodes only the requested rows of a row-split tensor.
+* One snapshot (docs/container.md sections 5 and 9): the model directory is opened once and
+  every file of the artifact (index, shards, side files) is opened through that descriptor
+  before :func:`open_artifact` returns, without following symbolic links, without blocking on
+  a FIFO, and only when ``fstat`` says it is a regular file.  Side files stay open and are
+  read (never beyond their recorded size) by :meth:`Artifact.read_side_file` and the integrity
+  check, so a concurrent ``convert --force`` cannot pair one version's shards with another's
+  side files.  A file's ``shard`` object must match the name it was opened under, and
+  :attr:`Artifact.stray_files` lists container-like names that are not part of the artifact.
 """
 
 from __future__ import annotations
