@@ -3,9 +3,11 @@
 A thin layer over :func:`ninfer_convert.verify.verify_artifact`: it renders the report as a rich
 table (plain text when stdout is not a terminal) or as JSON (``--json``, schema in docs/cli.md),
 shows progress on stderr, and exits with the report's code: 0 when every check passed, 6 when
-the artifact is invalid or differs from its source, 4 when the source is not the recorded one,
-2 for usage errors (missing path, not an artifact, bad option).  With ``--public-key`` (or
-``--certificate-chain``, or a Sigstore identity) the directory's signature is checked first
+the artifact is invalid or differs from its source, 4 when the source is not the recorded one
+or cannot be found (only ``--no-source`` skips the source checks; every check that did not run
+is printed as ``NOT RUN``), 2 for usage errors (missing path, not an artifact, bad option).
+With ``--public-key`` (or ``--certificate-chain``, or a Sigstore identity) the directory's
+signature is checked first
 (:func:`ninfer_convert.signing.verify_directory`): a missing, invalid or non-matching signature
 exits 8 before any other check runs; without them the signature's presence is reported, marked
 not checked.
