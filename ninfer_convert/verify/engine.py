@@ -576,17 +576,13 @@ def _source_side_files(
     plan: Plan, src: SourceCheckpoint
 ) -> tuple[dict[str, os.PathLike[str]], set[str]]:
     """(the side files convert copies from ``src`` by their name in the artifact, the names
-    convert generates itself), with convert's own naming (:func:`~ninfer_convert.card.
-    side_file_names`: the source's README.md is kept as SOURCE_README.md under a card) and its
-    one exclusion (the source's own signature, ``model.sig``, which signs the source's files:
-    :func:`~ninfer_convert.convert.convert_checkpoint` does not copy it)."""
-    from ..card import README_NAME, side_file_names
-    from ..signing import SIGNATURE_NAME
+    convert generates itself): convert's own list (``_copied_side_files``: the card naming of
+    :func:`~ninfer_convert.card.side_file_names`, without the source's ``model.sig``)."""
+    from ..card import README_NAME
+    from ..convert import _copied_side_files
 
     copied: dict[str, os.PathLike[str]] = {
-        name: source
-        for source, name in side_file_names(plan, list(src.side_files))
-        if name != SIGNATURE_NAME
+        name: source for source, name in _copied_side_files(plan, src)
     }
     return copied, {README_NAME} if plan.recipe.output.readme else set()
 
