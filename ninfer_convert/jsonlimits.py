@@ -24,6 +24,8 @@ MAX_JSON_DEPTH = 64
 
 # A JSON string literal: a quote, then any run of non-quote non-backslash characters or
 # backslash escapes, then a quote.  Unterminated strings are left for the parser to reject.
+_CHUNK = 1 << 20
+
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
@@ -33,11 +35,19 @@ def nesting_problem(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if "[" not in text and "{" not in text:
         return None
-    # Blank out string literals (same length, so offsets stay true), then walk brackets only.
+    # Blank out string literals (same length, so offsets stay true), then walk brackets only,
+    # a chunk at a time so a 64 MiB header costs a few MiB of arrays, not gigabytes.
     blanked = _STRING.sub(lambda m: " " * len(m.group(0)), text)
-    codes = np.frombuffer(blanked.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-    opens = (codes == ord("[")) | (codes == ord("{"))
-    closes = (codes == ord("]")) | (codes == ord("}"))
-    depth = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
-    too_deep = np.flatnonzero(opens & (depth > limit))
-    return int(too_deep[0]) if too_deep.size else None
+    depth_before = 0
+    for start in range(0, len(blanked), _CHUNK):
+        chunk = blanked[start : start + _CHUNK]
+        codes = np.frombuffer(chunk.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        opens = (codes == ord("[")) | (codes == ord("{"))
+        closes = (codes == ord("]")) | (codes == ord("}"))
+        steps = opens.astype(np.int32) - closes.astype(np.int32)
+        depth = np.cumsum(steps, dtype=np.int64) + depth_before
+        too_deep = np.flatnonzero(opens & (depth > limit))
+        if too_deep.size:
+            return start + int(too_deep[0])
+        depth_before = int(depth[-1])
+    return None

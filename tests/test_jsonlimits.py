@@ -60,3 +60,12 @@ def test_agrees_with_the_parsed_depth(value: object) -> None:
 def test_limit_must_be_positive() -> None:
     with pytest.raises(ValueError):
         nesting_problem("[]", limit=0)
+
+
+def test_depth_carries_across_scan_chunks() -> None:
+    from ninfer_convert import jsonlimits
+
+    pad = " " * (jsonlimits._CHUNK - 3)
+    text = "[[" + pad + "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH + 1)
+    assert nesting_problem(text) == 2 + len(pad) + MAX_JSON_DEPTH - 2
+    assert nesting_problem(text, limit=MAX_JSON_DEPTH + 1) is None
