@@ -259,3 +259,47 @@ def test_streamed_errors_name_the_index_in_the_whole_tensor(tmp_path: Path, bloc
             _streamed(e[name], src, block)
         assert where in str(whole.value)
         assert str(streamed.value) == str(whole.value)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_blocks_read_only_their_words(tmp_path: Path, axis: int) -> None:
+    # A block of a concatenation reads the words of that block, not every whole "row" it
+    # touches: along axis 0 there is one row, the whole tensor, and each block concatenated
+    # all of it (memory of the tensor per block, time quadratic in the tensor).
+    import tracemalloc
+
+    rng = np.random.default_rng(axis)
+    shapes = {0: [(96, 8, 64), (32, 8, 64)], 1: [(4, 200, 64), (4, 56, 64)],
+              2: [(4, 64, 300), (4, 64, 20)]}[axis]  # fmt: skip
+    parts = [rng.integers(0, 1 << 15, size=s, dtype=np.int16) for s in shapes]
+    tensors = {f"p{i}": torch.from_numpy(x).view(torch.bfloat16) for i, x in enumerate(parts)}
+    src = _source(tmp_path / "m", tensors)
+    e = _entries(
+        f"""\
+        - derive: cat
+          inputs: [p0, p1]
+          concat_axis: {axis}
+          format: BF16
+          role: a
+        """,
+        src,
+    )["cat"]
+    want = np.concatenate([p.view(np.uint16) for p in parts], axis=axis).reshape(-1)
+    block = 1000  # divides neither a part's run nor a row
+    stream = stream_direct(e, src, block_elements=block)
+    got, peak = [], 0
+    blocks = stream.blocks()
+    tracemalloc.start()
+    try:
+        while True:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            part = next(blocks, None)
+            peak = max(peak, tracemalloc.get_traced_memory()[1] - base)
+            if part is None:
+                break
+            got.append(part.copy())
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(np.concatenate(got), want)
+    assert peak < 8 * block * 2, f"{peak} bytes traced for a {block}-word block"

@@ -304,13 +304,37 @@ class _Concat(_Node):
     def flat(self, a: int, b: int) -> npt.NDArray[np.generic]:
         if b <= a or self.row == 0:
             return np.empty(0, dtype=self.dtype)
-        r0, r1 = a // self.row, -(-b // self.row)
-        pieces = [
-            p.flat(r0 * w, r1 * w).reshape(r1 - r0, w)
-            for p, w in zip(self.parts, self.widths, strict=True)
-        ]
-        rows = np.concatenate(pieces, axis=1).reshape(-1)
-        return rows[a - r0 * self.row : b - r0 * self.row]
+        # Only the words of [a, b): the partial rows at either end piece by piece, the whole
+        # rows between them part by part.  A row can be far larger than a block (along axis 0
+        # it is the whole tensor), so a block never reads whole rows it only touches.
+        row = self.row
+        r0, r1 = -(-a // row), b // row  # whole rows [r0, r1)
+        pieces: list[npt.NDArray[np.generic]] = []
+        if r1 < r0:  # inside one row
+            self._partial(pieces, a // row, a % row, a % row + (b - a))
+        else:
+            if a % row:
+                self._partial(pieces, r0 - 1, a % row, row)
+            if r1 > r0:
+                whole = [
+                    p.flat(r0 * w, r1 * w).reshape(r1 - r0, w)
+                    for p, w in zip(self.parts, self.widths, strict=True)
+                ]
+                pieces.append(np.concatenate(whole, axis=1).reshape(-1))
+            if b % row:
+                self._partial(pieces, r1, 0, b % row)
+        if len(pieces) == 1:
+            return np.ascontiguousarray(pieces[0])
+        return np.concatenate(pieces)
+
+    def _partial(self, pieces: list[npt.NDArray[np.generic]], r: int, lo: int, hi: int) -> None:
+        """Append words [lo, hi) of row ``r`` (offsets within the row)."""
+        start = 0
+        for p, w in zip(self.parts, self.widths, strict=True):
+            s, e = max(lo, start), min(hi, start + w)
+            if s < e:
+                pieces.append(p.flat(r * w + s - start, r * w + e - start))
+            start += w
 
 
 TRANSPOSE_TILE = 1024
