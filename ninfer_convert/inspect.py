@@ -41,7 +41,9 @@ from .dequant import dequantize_logical
 from .errors import UsageError
 from .formats import FORMATS, Category, NumericFormat, lookup_format
 from .layouts import LAYOUTS
+from .layouts.blockscale import BlockscaleK16M128x4, unswizzle_scales
 from .layouts.contiguous import ContiguousLE
+from .layouts.row_scale import RowScale
 from .layouts.row_split import RowSplitK128
 from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 
@@ -491,7 +493,8 @@ def _stats(fmt: NumericFormat, parts: Iterable[LogicalTensor]) -> ValueStats:
 def _stored_blocks(art: Artifact, info: TensorInfo) -> Iterator[LogicalTensor]:
     """The stored tensor in row blocks of about :data:`_BLOCK` values, decoded one block at a
     time from the mapped planes (direct words as views of the mapping), so ``--tensor``
-    holds a block, not the tensor; the NVFP4 and FP8-row layouts are decoded whole."""
+    holds a block, not the tensor (NVFP4's block scales, 1/16 of its codes, are unswizzled
+    whole)."""
     layout = LAYOUTS[info.layout]
     if isinstance(layout, ContiguousLE):
         word = np.dtype(lookup_format(info.format).word_dtype).newbyteorder("<")
@@ -510,7 +513,38 @@ def _stored_blocks(art: Artifact, info: TensorInfo) -> Iterator[LogicalTensor]:
         for r0 in range(0, n, rows):
             yield art.read_rows(info.name, slice(r0, min(n, r0 + rows)))
         return
-    yield art.read(info.name)
+    if isinstance(layout, (RowScale, BlockscaleK16M128x4)):
+        yield from _scaled_blocks(art, info, isinstance(layout, RowScale))
+        return
+    yield art.read(info.name)  # pragma: no cover - every layout is handled above
+
+
+def _scaled_blocks(art: Artifact, info: TensorInfo, row_scaled: bool) -> Iterator[LogicalTensor]:
+    """FP8-row or NVFP4 row blocks decoded from the mapped planes (see _stored_blocks)."""
+    n, k = int(info.shape[0]), int(info.shape[1])
+    rows = max(1, _BLOCK // max(k, 1))
+    views = [art.plane_buffer(info.name, p.name) for p in info.planes]
+    try:
+        planes = [np.frombuffer(v, dtype=np.uint8) for v in views]
+        if row_scaled:
+            codes, scales = planes[0].reshape(n, k), planes[1].view("<u2")
+            for r0 in range(0, n, rows):
+                r1 = min(n, r0 + rows)
+                yield FP8RowWords(codes[r0:r1], scales[r0:r1].astype(np.uint16))
+        else:
+            packed = planes[0].reshape(n, k // 2)
+            block_scales = unswizzle_scales(planes[1], n, k // 16)
+            divisor = int(planes[2].view("<u4")[0])
+            for r0 in range(0, n, rows):
+                r1 = min(n, r0 + rows)
+                codes = np.empty((r1 - r0, k), dtype=np.uint8)
+                codes[:, 0::2] = packed[r0:r1] & np.uint8(0xF)
+                codes[:, 1::2] = packed[r0:r1] >> np.uint8(4)
+                yield NVFP4Words(codes, block_scales[r0:r1], divisor)
+        del planes
+    finally:
+        for v in views:
+            v.release()
 
 
 def tensor_details(art: Artifact, name: str) -> TensorDetails:

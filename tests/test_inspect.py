@@ -138,3 +138,34 @@ def test_tensor_statistics_in_blocks_equal_the_whole_tensor(
         for name, info in art.tensors.items():
             whole = inspect_module.value_stats(lookup_format(info.format), art.read(name))
             assert tensor_details(art, name).values == whole, name
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "FP8_E4M3FN_ROW_BF16S"])
+def test_tensor_statistics_of_scaled_copies_hold_a_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """``--tensor`` of an NVFP4 or FP8-row tensor decodes a row block at a time from the
+    mapped planes (it read the whole tensor's codes into memory, and NVFP4 unpacked them to a
+    byte each: twice the stored plane), with the statistics of the whole tensor."""
+    import tracemalloc
+
+    from artifact_fixtures import META, make_logical, provenance
+
+    from ninfer_convert import inspect as inspect_module
+    from ninfer_convert.container import ArtifactWriter
+    from ninfer_convert.formats import lookup_format
+
+    shape = (512, 1024)
+    with ArtifactWriter(tmp_path / "m", metadata=META) as w:
+        w.add("t", fmt, make_logical(fmt, shape, 3), role="r", provenance=provenance(fmt))
+    monkeypatch.setattr(inspect_module, "_BLOCK", 5000)  # rows per block: 4, a short tail
+    with open_artifact(tmp_path / "m") as art:
+        whole = inspect_module.value_stats(lookup_format(fmt), art.read("t"))
+        tracemalloc.start()
+        try:
+            got = tensor_details(art, "t").values
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert got == whole
+    assert peak < 160 << 10, f"{peak} bytes traced for a 512 KiB-element tensor"
