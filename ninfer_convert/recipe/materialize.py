@@ -337,6 +337,36 @@ class _Concat(_Node):
             start += w
 
 
+class _ConcatTiles:
+    """A rank-two concatenation of mapped parts read as ``[i0:i1, c0:c1]`` tiles, each copied
+    from the parts' rows and columns it covers only (a transpose of a concat then reads strips
+    the way it reads a mapped source, instead of building the concatenation whole)."""
+
+    ndim = 2
+
+    def __init__(
+        self, parts: list[npt.NDArray[np.generic]], axis: int, shape: tuple[int, ...]
+    ) -> None:
+        self.parts, self.axis, self.shape = parts, axis, shape
+
+    def __getitem__(self, key: tuple[slice, slice]) -> npt.NDArray[np.generic]:
+        rows, cols = key
+        span = (rows, cols)[self.axis].indices(self.shape[self.axis])[:2]
+        pieces, start = [], 0
+        for part in self.parts:
+            n = part.shape[self.axis]
+            lo, hi = max(span[0], start) - start, min(span[1], start + n) - start
+            if lo < hi:
+                cut = slice(lo, hi)
+                pieces.append(part[cut, cols] if self.axis == 0 else part[rows, cut])
+            start += n
+        if len(pieces) == 1:
+            return pieces[0]
+        if not pieces:  # pragma: no cover - strips ask for non-empty tiles
+            return np.empty((0, 0), dtype=self.parts[0].dtype)
+        return np.concatenate(pieces, axis=self.axis)
+
+
 TRANSPOSE_TILE = 1024
 """Source rows per tile of a transposed strip: a tile of 1024 source rows x 64 columns of F32
 (256 KiB) stays in L2 while numpy transposes it, where a whole strip of a [65536, K] source
@@ -348,9 +378,10 @@ TRANSPOSE_STRIP = 64
 
 class _Transpose(_Node):
     """Rank two: output row i is source column i.  Strips of at least
-    :data:`TRANSPOSE_STRIP` output rows are copied from the mapped source in cache-sized tiles
-    (:data:`TRANSPOSE_TILE` source rows) and kept per thread for the next request, since the
-    encoder asks for consecutive row blocks smaller than a strip."""
+    :data:`TRANSPOSE_STRIP` output rows are copied from the mapped source (or the mapped parts
+    of a concat, :class:`_ConcatTiles`) in cache-sized tiles (:data:`TRANSPOSE_TILE` source
+    rows) and kept per thread for the next request, since the encoder asks for consecutive row
+    blocks smaller than a strip."""
 
     def __init__(self, child: _Node) -> None:
         self.child, self.dtype = child, child.dtype
@@ -358,16 +389,21 @@ class _Transpose(_Node):
         self._whole: npt.NDArray[np.generic] | None = None
         self._cache = threading.local()
 
-    def _source(self) -> npt.NDArray[np.generic]:
+    def _source(self) -> npt.NDArray[np.generic] | _ConcatTiles:
         m = self.child.mapped()
         if m is not None:
             return m
-        if self._whole is None:  # a transpose of a concat: no mapped source to read strips of
+        child = self.child
+        if isinstance(child, _Concat) and len(child.shape) == 2:
+            parts = [p.mapped() for p in child.parts]
+            if all(p is not None for p in parts):  # tiles read from the mapped parts
+                return _ConcatTiles(parts, child.axis, child.shape)  # type: ignore[arg-type]
+        if self._whole is None:  # no mapped source to read strips of (e.g. a double transpose)
             self._whole = self.child.flat(0, self.child.size).reshape(self.child.shape)
         return self._whole
 
     def _strip(
-        self, src: npt.NDArray[np.generic], r0: int, r1: int
+        self, src: npt.NDArray[np.generic] | _ConcatTiles, r0: int, r1: int
     ) -> tuple[int, npt.NDArray[np.generic]]:
         """(first output row, strip) holding output rows [r0, r1)."""
         cached = getattr(self._cache, "strip", None)
@@ -386,7 +422,7 @@ class _Transpose(_Node):
 
     def flat(self, a: int, b: int) -> npt.NDArray[np.generic]:
         src = self._source()
-        if src.ndim != 2:
+        if isinstance(src, np.ndarray) and src.ndim != 2:
             whole = np.ascontiguousarray(src.T).reshape(-1)
             return whole[a:b]
         n = self.shape[1]

@@ -302,10 +302,20 @@ def _streamed(entry: PlanEntry) -> bool:
 def _input_streams(entry: PlanEntry) -> bool:
     """Whether materialize hands the encoder its input without building the tensor: a view of
     the memory-mapped source, or a :class:`~ninfer_convert.recipe.materialize.DerivedWords`
-    that derives row blocks on request; only a transpose after a concat builds the
-    concatenation whole."""
-    ops = [step.op for step in entry.transforms]
-    return not ("concat" in ops and "transpose" in ops[ops.index("concat") :])
+    that derives row blocks on request.  A transpose reads its strips from the mapped source
+    (through reshapes) or from the mapped parts of a concat right before it; any other
+    transpose (of a reshaped concat, of a transpose) builds its input whole."""
+    state = "mapped"  # what the next transpose would read: mapped, concat or derived
+    for step in entry.transforms:
+        if step.op == "concat":
+            state = "concat"
+        elif step.op == "transpose":
+            if state == "derived":
+                return False
+            state = "derived"
+        elif state != "mapped":
+            state = "derived"
+    return True
 
 
 _REFERENCES = {
