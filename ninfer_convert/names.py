@@ -18,6 +18,7 @@ recipe need not import the container to refuse, early, a name the container coul
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 __all__ = [
@@ -39,8 +40,13 @@ MAX_SIDE_FILE_CHARS = 4096
 """Most characters in a side file name, separators included."""
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    # One regex scan instead of a Python loop per character: names are checked once per
+    # tensor on every write and every open.
+    return _CONTROL.search(text) is not None
 
 
 def tensor_name_problem(name: str) -> str | None:

@@ -42,7 +42,9 @@ def test_tensor_at_an_unaligned_file_offset_encodes_like_the_oracle(
 ) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    words = _words((6, 160), source, seed=pad)
+    # Larger than SMALL_READ_BYTES, so the source read maps the file (a smaller tensor is
+    # read into a fresh, aligned buffer) and the unaligned offset reaches the kernel.
+    words = _words((6, 5760), source, seed=pad)
     # "a" sorts first, so "w" starts `pad` bytes into the 8-aligned data region.
     pad_bytes = np.arange(pad, dtype=np.uint8)
     write_safetensors(src / "model.safetensors", {"a": ("U8", pad_bytes), "w": (source, words)})

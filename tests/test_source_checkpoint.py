@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 
@@ -400,3 +401,30 @@ def test_local_path_wins_over_repo_id(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / "acme" / "tiny").mkdir(parents=True)
     save_file({"local": torch.ones(1)}, str(tmp_path / "acme" / "tiny" / "model.safetensors"))
     assert "local" in open_source("acme/tiny", cache_dir=tmp_path / "empty").tensors
+
+
+@pytest.mark.parametrize("words", [1, 3, 32 * 1024 - 1, 32 * 1024, 32 * 1024 + 1, 40_000])
+def test_read_is_bit_exact_on_both_sides_of_the_small_read_limit(
+    tmp_path: Path, words: int
+) -> None:
+    # Up to SMALL_READ_BYTES a tensor is read with pread, above it mapped: both give the same
+    # read-only words and digest, at any offset (the odd pad shifts it off every alignment).
+    from ninfer_convert.source.checkpoint import SMALL_READ_BYTES
+
+    rng = np.random.default_rng(words)
+    values = rng.integers(0, 1 << 16, size=words, dtype=np.uint16)
+    values[:2] = [0x7FC1, 0x8000][: min(words, 2)]  # a NaN payload and -0.0
+    t = torch.from_numpy(values.view(np.int16).copy()).view(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.zeros(3, dtype=torch.uint8), "t": t}, str(path))
+    arr = open_source(path).read("t")
+    root: object = arr.words
+    while isinstance(root, np.ndarray):
+        root = root.base
+    if isinstance(root, memoryview):
+        root = root.obj
+    assert isinstance(root, bytes if words * 2 <= SMALL_READ_BYTES else mmap.mmap)
+    assert arr.words.dtype == np.uint16
+    assert arr.words.tobytes() == values.tobytes()
+    assert arr.digest == "xxh3-128:" + xxhash.xxh3_128(values.tobytes()).hexdigest()
+    assert not arr.words.flags.writeable

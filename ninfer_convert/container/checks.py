@@ -31,6 +31,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_SIDE_FILE_CHARS",
     "MAX_SIDE_FILE_DEPTH",
+    "GeometryCache",
     "check_alignment",
     "check_provenance",
     "check_side_file_name",
@@ -84,10 +85,28 @@ def check_provenance(prov: Provenance, fmt: str, where: str) -> None:
             raise SchemaError(f"{where}.encoder_profile", _message(exc)) from None
 
 
-def check_tensor_geometry(entry: TensorEntry, where: str) -> list[PlaneSpec]:
-    """Format, layout, shape, physical extents and plane names/sizes of one header entry."""
+GeometryCache = dict[tuple[str, str, tuple[int, ...]], tuple[list[PlaneSpec], tuple[int, ...]]]
+"""What :func:`expected_planes` computed per (format, layout, shape), shared across the entries
+of one header: models repeat a few shapes thousands of times."""
+
+
+def check_tensor_geometry(
+    entry: TensorEntry, where: str, cache: GeometryCache | None = None
+) -> list[PlaneSpec]:
+    """Format, layout, shape, physical extents and plane names/sizes of one header entry.
+
+    ``cache`` (one dict per header, owned by the caller) memoizes the layout's answer for a
+    (format, layout, shape); a cached answer is only ever one that passed, so every entry is
+    still compared with it in full.
+    """
     check_tensor_name(entry.name, f"{where}.name")
-    specs, physical = expected_planes(entry.format, entry.layout, entry.shape, where)
+    key = (entry.format, entry.layout, entry.shape)
+    known = None if cache is None else cache.get(key)
+    if known is None:
+        known = expected_planes(entry.format, entry.layout, entry.shape, where)
+        if cache is not None:
+            cache[key] = known
+    specs, physical = known
     if entry.physical != physical:
         raise SchemaError(
             f"{where}.physical",

@@ -29,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import mmap
 import os
+import re
 import stat
 import types
 from collections.abc import Iterator, Mapping
@@ -48,7 +50,13 @@ from ..jsonlimits import nesting_problem
 from ..layouts import LAYOUTS, Rows, RowSplitK128
 from ..logical import DirectWords, GroupedCodes, LogicalTensor
 from ..readahead import read_ahead
-from .checks import check_alignment, check_placement, check_side_file_name, check_tensor_geometry
+from .checks import (
+    GeometryCache,
+    check_alignment,
+    check_placement,
+    check_side_file_name,
+    check_tensor_geometry,
+)
 from .schema import (
     MAX_JSON_DEPTH,
     ArtifactMeta,
@@ -57,6 +65,7 @@ from .schema import (
     SchemaError,
     SideFile,
     TensorEntry,
+    paused_gc,
 )
 from .wire import (
     INDEX_NAME,
@@ -118,6 +127,9 @@ class TensorInfo:
         return sum(p.nbytes for p in self.planes)
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
     """Strict JSON: UTF-8 only, no duplicate keys, no NaN/Infinity, bounded integers/nesting.
 
@@ -126,12 +138,21 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
     per level) runs."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                raise ArtifactError(f"{what} repeats the JSON key {key!r}", path=str(path))
-            out[key] = value
+        out = dict(items)
+        if len(out) != len(items):  # rare: find the first repeated key for the message
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    raise ArtifactError(f"{what} repeats the JSON key {key!r}", path=str(path))
+                seen.add(key)
         return out
+
+    def finite(literal: str) -> float:
+        # A literal such as 1e999 parses to inf, which is not JSON either.
+        number = float(literal)
+        if not math.isfinite(number):
+            raise ValueError(f"the number {literal[:40]} is out of the float range")
+        return number
 
     def constant(name: str) -> Any:
         raise ArtifactError(f"{what} contains {name}, which is not JSON", path=str(path))
@@ -150,10 +171,14 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
             hint="not a file this tool writes; it may be hostile",
         )
     try:
-        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        value = json.loads(
+            text, object_pairs_hook=pairs, parse_constant=constant, parse_float=finite
+        )
         # A \ud800 escape parses to a lone surrogate, which is not Unicode text: refuse it, so
-        # every accepted string can be written back as UTF-8.
-        canonical_json(value)
+        # every accepted string can be written back as UTF-8.  Only a \uD800-\uDFFF escape
+        # can make one (decoded UTF-8 holds none), so the encoding test runs only then.
+        if _SURROGATE_ESCAPE.search(text) is not None:
+            canonical_json(value)
         return value
     except UnicodeEncodeError:
         raise ArtifactError(
@@ -404,11 +429,12 @@ class _Container:
             header = Header.from_json(value)
             check_alignment(header.artifact.alignment)
             names: set[str] = set()
+            layouts: GeometryCache = {}
             for i, t in enumerate(header.tensors):
                 if t.name in names:
                     raise SchemaError(f"tensors[{i}].name", f"duplicate tensor name {t.name!r}")
                 names.add(t.name)
-                check_tensor_geometry(t, f"tensors[{i}]")
+                check_tensor_geometry(t, f"tensors[{i}]", layouts)
             end = check_placement(header.tensors, header.artifact.alignment, PRELUDE_SIZE, h_off)
             if end != h_off:
                 raise SchemaError(
@@ -501,7 +527,8 @@ def open_artifact(path: str | os.PathLike[str], *, check_header_digest: bool = T
     for attempt in range(1, _SNAPSHOT_TRIES + 1):
         dir_fd, is_dir = _open_dir(p)
         try:
-            art = _open_snapshot(p, dir_fd, is_dir, check_header_digest)
+            with paused_gc():  # see paused_gc: the collector's passes cost more than the parse
+                art = _open_snapshot(p, dir_fd, is_dir, check_header_digest)
         except ArtifactError:
             again = attempt < _SNAPSHOT_TRIES and _replaced(p, dir_fd, is_dir)
             os.close(dir_fd)

@@ -18,9 +18,11 @@ reader turns it into :class:`~ninfer_convert.errors.ArtifactError` and the write
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -50,6 +52,7 @@ __all__ = [
     "TensorEntry",
     "Transform",
     "TransposeTransform",
+    "paused_gc",
     "transform_from_json",
 ]
 
@@ -66,11 +69,30 @@ class SchemaError(Exception):
         super().__init__(f"{self.where}: {message}")
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Run a block without the cyclic garbage collector.  Parsing or building a header makes
+    a few dozen objects per tensor, none of them cyclic; with 100,000 tensors the collector's
+    passes over the growing heap cost more than the parsing.  Reference counting still frees
+    everything; the collector resumes (if it was on) when the block ends."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 # ---------------------------------------------------------------------------------------------
 # Primitive checks
 
 
 def _obj(value: object, where: str, keys: frozenset[str]) -> Mapping[str, Any]:
+    # Fast path for what JSON parsing gives: a dict with exactly the allowed keys (all of
+    # them strings) passes every check below.
+    if type(value) is dict and value.keys() == keys:
+        return value
     if not isinstance(value, Mapping):
         raise SchemaError(where, f"expected an object, got {_kind(value)}")
     for key in value:
@@ -110,6 +132,17 @@ def _list(value: object, where: str) -> Sequence[Any]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
         raise SchemaError(where, f"expected an array, got {_kind(value)}")
     return value
+
+
+def _fast_ints(value: object, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...] | None:
+    """The checks of :func:`_ints` for a list of plain ints, without building error paths;
+    ``None`` when anything is unusual (the caller then runs the checked path)."""
+    if type(value) is not list and type(value) is not tuple:
+        return None
+    for v in value:
+        if type(v) is not int or not lo <= v <= hi:
+            return None
+    return tuple(value)
 
 
 def _ints(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
@@ -340,6 +373,14 @@ class Provenance:
     def from_json(cls, value: object, where: str = "provenance") -> Provenance:
         if isinstance(value, cls):
             return value
+        fast = _fast_provenance(value, {})
+        return fast if fast is not None else cls.checked_from_json(value, where)
+
+    @classmethod
+    def checked_from_json(cls, value: object, where: str = "provenance") -> Provenance:
+        """The field-by-field validation that names the failing field."""
+        if isinstance(value, cls):
+            return value
         obj = _obj(value, where, cls.KEYS)
         return cls(
             sources=tuple(
@@ -441,6 +482,10 @@ class SourceTensor:
 
     @classmethod
     def from_json(cls, value: object, where: str = "tensor") -> SourceTensor:
+        if type(value) is dict and value.keys() == cls.KEYS:  # the common case, checked fast
+            dtype, shape, digest = value["dtype"], _fast_ints(value["shape"]), value["digest"]
+            if type(dtype) is str and shape is not None and type(digest) is str:
+                return cls(dtype, shape, digest)
         obj = _obj(value, where, cls.KEYS)
         return cls(
             dtype=_str(obj["dtype"], f"{where}.dtype"),
@@ -627,7 +672,18 @@ class TensorEntry:
         }
 
     @classmethod
-    def from_json(cls, value: object, where: str = "tensor") -> TensorEntry:
+    def from_json(
+        cls, value: object, where: str = "tensor", memo: dict[Any, Any] | None = None
+    ) -> TensorEntry:
+        """Validate one header entry.  ``memo`` (one dict per header) shares equal strings and
+        rule references between entries, which keeps a 100,000-tensor header small in memory."""
+        fast = _fast_tensor(value, {} if memo is None else memo)
+        return fast if fast is not None else cls.checked_from_json(value, where)
+
+    @classmethod
+    def checked_from_json(cls, value: object, where: str = "tensor") -> TensorEntry:
+        """The field-by-field validation that names the failing field (the fast path's
+        fallback, and its reference in the tests)."""
         obj = _obj(value, where, cls.KEYS)
         return cls(
             name=_str(obj["name"], f"{where}.name", nonempty=True),
@@ -640,8 +696,106 @@ class TensorEntry:
                 for i, v in enumerate(_list(obj["planes"], f"{where}.planes"))
             ),
             role=_str(obj["role"], f"{where}.role"),
-            provenance=Provenance.from_json(obj["provenance"], f"{where}.provenance"),
+            provenance=Provenance.checked_from_json(obj["provenance"], f"{where}.provenance"),
         )
+
+
+def _intern(memo: dict[Any, Any], text: str) -> str:
+    shared: str = memo.setdefault(text, text)
+    return shared
+
+
+def _fast_str(value: object, memo: dict[Any, Any]) -> str | None:
+    return _intern(memo, value) if type(value) is str else None
+
+
+def _fast_provenance(value: object, memo: dict[Any, Any]) -> Provenance | None:
+    """:meth:`Provenance.from_json`'s checks for a plain parsed dict, or ``None``."""
+    if type(value) is not dict or value.keys() != Provenance.KEYS:
+        return None
+    sources_v = value["sources"]
+    if type(sources_v) is not list:
+        return None
+    sources = []
+    for v in sources_v:
+        if type(v) is not dict or v.keys() != SourceRef.KEYS:
+            return None
+        name, dtype, file = v["name"], _fast_str(v["dtype"], memo), _fast_str(v["file"], memo)
+        shape = _fast_ints(v["shape"])
+        if type(name) is not str or not name or dtype is None or file is None or shape is None:
+            return None
+        sources.append(SourceRef(name, dtype, shape, file))
+    conversion = value["conversion"]
+    profile = value["encoder_profile"]
+    if conversion is not None and type(conversion) is not str:
+        return None
+    if profile is not None and type(profile) is not str:
+        return None
+    transforms_v, constraints_v = value["transforms"], value["constraints"]
+    if type(transforms_v) is not list or type(constraints_v) is not list:
+        return None
+    if any(type(c) is not str for c in constraints_v):
+        return None
+    rule_v = value["rule"]
+    if type(rule_v) is not dict or rule_v.keys() != RuleRef.KEYS:
+        return None
+    index, line, pattern = rule_v["index"], rule_v["line"], rule_v["pattern"]
+    if type(index) is not int or type(line) is not int or type(pattern) is not str:
+        return None
+    if not 0 <= index <= MAX_INT or not 0 <= line <= MAX_INT:
+        return None
+    rule_key = ("rule", index, line, pattern)
+    rule = memo.get(rule_key)
+    if rule is None:
+        rule = memo[rule_key] = RuleRef(index, line, pattern)
+    try:  # transforms are few and rare; their own validator is cheap enough
+        transforms = tuple(transform_from_json(v, "") for v in transforms_v)
+    except SchemaError:
+        return None
+    return Provenance(
+        sources=tuple(sources),
+        conversion=None if conversion is None else _intern(memo, conversion),
+        transforms=transforms,
+        encoder_profile=None if profile is None else _intern(memo, profile),
+        rule=rule,
+        constraints=tuple(_intern(memo, c) for c in constraints_v),
+    )
+
+
+def _fast_tensor(value: object, memo: dict[Any, Any]) -> TensorEntry | None:
+    """:meth:`TensorEntry.from_json`'s checks without building an error path per field, for
+    a plain parsed dict; ``None`` when any check fails, and the caller then runs the checked
+    path, which finds the same problem and names it.  It accepts nothing the checked path
+    refuses (tests/test_schema_fast_path.py compares the two)."""
+    if type(value) is not dict or value.keys() != TensorEntry.KEYS:
+        return None
+    name = value["name"]
+    fmt, layout = _fast_str(value["format"], memo), _fast_str(value["layout"], memo)
+    role = _fast_str(value["role"], memo)
+    if type(name) is not str or not name or fmt is None or layout is None or role is None:
+        return None
+    shape, physical = _fast_ints(value["shape"]), _fast_ints(value["physical"])
+    planes_v = value["planes"]
+    if shape is None or physical is None or type(planes_v) is not list:
+        return None
+    planes = []
+    for p in planes_v:
+        if type(p) is not dict or p.keys() != PlaneEntry.KEYS:
+            return None
+        p_name, offset, nbytes, digest = p["name"], p["offset"], p["nbytes"], p["digest"]
+        if type(p_name) is not str or not p_name or type(digest) is not str:
+            return None
+        if type(offset) is not int or type(nbytes) is not int:
+            return None
+        if not 0 <= offset <= MAX_INT or not 0 <= nbytes <= MAX_INT:
+            return None
+        if DIGEST_HEX_RE.fullmatch(digest) is None:
+            return None
+        planes.append(PlaneEntry(_intern(memo, p_name), offset, nbytes, digest))
+    provenance = _fast_provenance(value["provenance"], memo)
+    if provenance is None:
+        return None
+    return TensorEntry(name, fmt, layout, shape, physical, tuple(planes), role, provenance)
 
 
 @dataclass(frozen=True)
@@ -709,6 +863,7 @@ class Header:
     def from_json(cls, value: object, where: str = "") -> Header:
         obj = _obj(value, where, cls.KEYS)
         pre = f"{where}." if where else ""
+        memo: dict[Any, Any] = {}
         return cls(
             artifact=ArtifactMeta.from_json(obj["artifact"], f"{pre}artifact"),
             files=tuple(
@@ -717,7 +872,7 @@ class Header:
             ),
             shard=ShardInfo.from_json(obj["shard"], f"{pre}shard"),
             tensors=tuple(
-                TensorEntry.from_json(v, f"{pre}tensors[{i}]")
+                TensorEntry.from_json(v, f"{pre}tensors[{i}]", memo)
                 for i, v in enumerate(_list(obj["tensors"], f"{pre}tensors"))
             ),
         )

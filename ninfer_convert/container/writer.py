@@ -418,9 +418,11 @@ class ArtifactWriter:
             metadata = {**metadata, "alignment": self.alignment}
         try:
             meta = ArtifactMeta.from_json(metadata, "metadata")
-            # Round-trip through JSON so free-form parts (config) are checked for JSON-ness too.
-            meta = ArtifactMeta.from_json(meta.to_json(), "metadata")
-            canonical_json(meta.to_json())
+            # Round-trip through JSON so free-form parts (config) are checked for JSON-ness too;
+            # the JSON form is built once and serves both the re-check and the encoding test.
+            as_json = meta.to_json()
+            meta = ArtifactMeta.from_json(as_json, "metadata")
+            canonical_json(as_json)
         except SchemaError as exc:
             raise _usage(exc, "artifact metadata") from None
         except (TypeError, ValueError) as exc:

@@ -16,7 +16,9 @@ Contract:
   ``uint8``), integer and BOOL dtypes as themselves.  No cast ever happens, so NaN payloads and
   -0.0 survive.  The array is a read-only view of a memory map of just that tensor's bytes, so
   memory follows the largest tensor being read, never the model; the map is released when the
-  array is dropped.  The xxh3-128 digest of the raw bytes is computed in the same pass.
+  array is dropped.  A tensor of at most :data:`SMALL_READ_BYTES` is read into a read-only
+  private buffer instead (mapping and unmapping it cost more than the copy).  The xxh3-128
+  digest of the raw bytes is computed in the same pass.
 * Tensors of the :data:`~.header.OPAQUE_DTYPES` (F4, F6_*, F8_*FNUZ, C64) are listed and
   digested like any other, so a ``skip`` rule can name them; :meth:`SourceCheckpoint.read`
   returns their raw bytes as a flat ``uint8`` array (``SourceTensorInfo.convertible`` is
@@ -88,6 +90,9 @@ MAX_JSON_FILE_BYTES = 100_000_000
 
 MAX_SIDE_FILES = 10_000
 """Most side files one model directory may have (real ones have a few dozen)."""
+
+SMALL_READ_BYTES = 64 * 1024
+"""Tensors up to this size are read with one ``pread``, larger ones are memory-mapped."""
 
 SIDE_FILE_LEFT_OUT: tuple[tuple[str, str], ...] = (
     # (pattern on the case-folded name of a file or folder, at any depth; why it is left out)
@@ -224,6 +229,7 @@ class SourceCheckpoint:
         (see the module contract and :func:`scan_side_files`)."""
         self._root = root
         self._sizes = dict(files)
+        self._paths: dict[str, Path] = {}  # weight file -> its path, built once per file
 
     def __repr__(self) -> str:
         return (
@@ -266,7 +272,9 @@ class SourceCheckpoint:
         info = self.tensors.get(name)
         if info is None:
             raise SourceError(f"no tensor named {name!r} in the source", path=str(self.path))
-        fpath = self._root / info.file
+        fpath = self._paths.get(info.file)
+        if fpath is None:
+            fpath = self._paths[info.file] = self._root / info.file
         dt = np.dtype(info.word_dtype)
         try:
             fd = os.open(fpath, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -288,6 +296,17 @@ class SourceCheckpoint:
                 words: npt.NDArray[np.generic] = (
                     np.zeros(info.shape, dtype=dt) if info.convertible else raw
                 )
+            elif info.nbytes <= SMALL_READ_BYTES:
+                data = os.pread(fd, info.nbytes, info.offset)
+                if len(data) != info.nbytes:  # the file shrank after the size check
+                    raise SourceError(
+                        f"short read: {len(data)} of {info.nbytes} bytes at {info.offset}",
+                        path=str(fpath),
+                        tensor=name,
+                        hint="the source changed during conversion",
+                    )
+                raw = np.frombuffer(data, dtype=np.uint8)
+                words = raw.view(dt).reshape(info.shape) if info.convertible else raw
             else:
                 # mmap offsets must be multiples of the allocation granularity.
                 start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY

@@ -1,0 +1,175 @@
+"""The header schema's fast path accepts exactly what its field-by-field path accepts.
+
+``TensorEntry.from_json`` first tries a check without error paths (``_fast_tensor``) and falls
+back to ``TensorEntry.checked_from_json``, which names the failing field.  Every value below is
+a valid entry with one field replaced by a hostile value (or a key added or removed): the fast
+path must either refuse it (``None``) or build the very entry the checked path builds, and it
+must refuse whatever the checked path rejects.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from artifact_fixtures import write_raw_header
+
+from ninfer_convert.container import open_artifact
+from ninfer_convert.container.schema import (
+    Provenance,
+    SchemaError,
+    TensorEntry,
+    _fast_provenance,
+    _fast_tensor,
+)
+from ninfer_convert.container.wire import MAX_INT, SINGLE_NAME
+from ninfer_convert.errors import ArtifactError
+
+VALID: dict[str, Any] = {
+    "name": "model.layers.0.mlp.w",
+    "format": "Q4G64_F16S",
+    "layout": "ROWS",
+    "shape": [2, 64],
+    "physical": [2, 64],
+    "planes": [
+        {"name": "codes", "offset": 4096, "nbytes": 64, "digest": "0" * 32},
+        {"name": "scales", "offset": 8192, "nbytes": 4, "digest": "0123456789abcdef" * 2},
+    ],
+    "role": "weight",
+    "provenance": {
+        "sources": [
+            {"name": "a.w", "dtype": "BF16", "shape": [1, 64], "file": "m.safetensors"},
+            {"name": "b.w", "dtype": "BF16", "shape": [1, 64], "file": "m.safetensors"},
+        ],
+        "conversion": None,
+        "transforms": [{"op": "concat", "axis": 0}, {"op": "transpose"}],
+        "encoder_profile": "MAXABS_F16_RECIP_RNE_V1",
+        "rule": {"index": 0, "line": 5, "pattern": "re:.*"},
+        "constraints": ["c1"],
+    },
+}
+
+HOSTILE: list[Any] = [
+    None, True, False, 0, -1, 1, MAX_INT, MAX_INT + 1, 1.0, "", "x", "A" * 32, "0" * 31,
+    "0" * 33, "g" * 32, [], [1], [True], [-1], [1.0], ["x"], {}, {"op": "transpose"},
+    {"op": "bogus"}, (1, 2),
+]  # fmt: skip
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*path, index))
+
+
+def _variants() -> Iterator[Any]:
+    yield copy.deepcopy(VALID)
+    for path in _paths(VALID):
+        for hostile in HOSTILE:
+            if not path:
+                yield hostile
+                continue
+            doc = copy.deepcopy(VALID)
+            parent = doc
+            for step in path[:-1]:
+                parent = parent[step]
+            parent[path[-1]] = copy.deepcopy(hostile)
+            yield doc
+        parent = copy.deepcopy(VALID)
+        target = parent
+        for step in path:
+            target = target[step]
+        if isinstance(target, dict):
+            target["extra"] = 1
+            yield parent
+            for key in list(target)[:-1]:
+                doc = copy.deepcopy(parent)
+                node = doc
+                for step in path:
+                    node = node[step]
+                del node["extra"], node[key]
+                yield doc
+
+
+def _checked(value: Any) -> TensorEntry | None:
+    try:
+        return TensorEntry.checked_from_json(value)
+    except SchemaError:
+        return None
+
+
+def test_fast_path_is_taken_for_a_valid_entry() -> None:
+    # Otherwise the comparison below would compare the checked path with itself.
+    fast = _fast_tensor(copy.deepcopy(VALID), {})
+    assert fast is not None
+    assert fast == TensorEntry.checked_from_json(copy.deepcopy(VALID))
+    assert _fast_provenance(copy.deepcopy(VALID["provenance"]), {}) is not None
+
+
+def test_fast_path_accepts_exactly_what_the_checked_path_accepts() -> None:
+    count = 0
+    for value in _variants():
+        count += 1
+        fast = _fast_tensor(copy.deepcopy(value), {})
+        checked = _checked(copy.deepcopy(value))
+        if checked is None:
+            assert fast is None, f"fast path accepted what the checked path refuses: {value!r}"
+        elif fast is not None:
+            assert fast == checked, value
+    assert count > 500
+
+
+def test_public_from_json_names_the_field_the_fast_path_refused() -> None:
+    doc = copy.deepcopy(VALID)
+    doc["planes"][1]["digest"] = "A" * 32
+    with pytest.raises(SchemaError) as info:
+        TensorEntry.from_json(doc, "tensors[7]")
+    assert info.value.where == "tensors[7].planes[1].digest"
+    prov = copy.deepcopy(VALID["provenance"])
+    prov["rule"]["line"] = -1
+    with pytest.raises(SchemaError) as info:
+        Provenance.from_json(prov)
+    assert info.value.where == "provenance.rule.line"
+
+
+def test_header_shares_equal_strings_between_entries() -> None:
+    # The per-header memo: 100,000 entries must not hold 100,000 copies of "weight".
+    entries = []
+    for i in range(3):
+        doc = copy.deepcopy(VALID)
+        doc["name"] = f"t{i}"
+        doc["role"] = "".join(["wei", "ght"])  # a fresh string object each time
+        entries.append(doc)
+    memo: dict[Any, Any] = {}
+    parsed = [TensorEntry.from_json(e, f"tensors[{i}]", memo) for i, e in enumerate(entries)]
+    assert parsed[0].role is parsed[1].role is parsed[2].role
+    assert parsed[0].provenance.rule is parsed[2].provenance.rule
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        # parse_float refuses what overflows to inf (the encoding check no longer runs on
+        # every header to catch it)
+        (b'{"x": 1e999}', "not acceptable JSON: the number 1e999"),
+        (b'{"x": -' + b"9" * 400 + b".0}", "not acceptable JSON"),
+        # the encoding check still runs for any \uD800-\uDFFF escape, in either case of hex
+        (b'{"x": "\\uDBFF"}', "lone surrogate"),
+        (b'{"x": "a\\udc00"}', "lone surrogate"),
+        (b'{"x": "\\ud83d\\ude00", "x": 1}', "repeats the JSON key 'x'"),
+    ],
+)
+def test_header_json_refusals_without_the_encoding_pass(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    path = tmp_path / SINGLE_NAME
+    write_raw_header(path, bytes(48), raw)
+    with pytest.raises(ArtifactError, match=message):
+        open_artifact(path)
