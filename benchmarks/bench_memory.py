@@ -14,8 +14,9 @@ is warm (the machine is shared, dropping it is not ours to do): baselines and ru
 from cache, so the ratios compare CPU and write costs.
 
 Part 2 (``--counts``): checkpoints of N one-element BF16 tensors; convert, verify and
-``open_artifact`` time per N, the per-tensor cost (slope between the smallest and the largest
-N) and the ``cp`` time of the same bytes.
+``open_artifact`` time per N (open: the call alone, without the import, and the RssAnon the
+open artifact holds), the per-tensor cost (slope between the smallest and the largest N) and the
+``cp`` time of the same bytes.
 
 ``--sparse-gib G`` adds one run with a sparse BF16 [rows, 4096] tensor of G GiB (zeros; the
 disk holds only the artifact) converted to Q4G64_F16S and verified, to show that memory does
@@ -220,15 +221,22 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
                          "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
         t_ver, _ = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
                         "--json"])  # fmt: skip
+        # Open time (import excluded) and the RssAnon the open artifact holds (kept alive).
         code = (
-            "import time; t=time.perf_counter(); from ninfer_convert.container import "
-            f"open_artifact; open_artifact({str(out)!r}); print(time.perf_counter()-t)"
+            "import re, time; from ninfer_convert.container import open_artifact\n"
+            "def anon(): return int(re.search(r'RssAnon:\\s+(\\d+)', "
+            "open('/proc/self/status').read()).group(1))\n"
+            f"r0=anon(); t=time.perf_counter(); a=open_artifact({str(out)!r}); "
+            "t=time.perf_counter()-t; print(t, anon()-r0)"
         )
-        t_open = float(subprocess.run([sys.executable, "-c", code], check=True, text=True,
-                                      capture_output=True).stdout)  # fmt: skip
-        row = {"tensors": n, "cp_s": t_cp, "convert_s": t_conv, "verify_s": t_ver, "open_s": t_open}
+        t_text, kib = subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                                     capture_output=True).stdout.split()  # fmt: skip
+        t_open, open_mb = float(t_text), int(kib) / 1024
+        row = {"tensors": n, "cp_s": t_cp, "convert_s": t_conv, "verify_s": t_ver,
+               "open_s": t_open, "open_rss_mib": open_mb}  # fmt: skip
         out_rows.append(row)
-        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_ver:.2f} | {t_open:.2f} |", flush=True)
+        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_ver:.2f} | {t_open:.2f} | {open_mb:.0f} |",
+              flush=True)  # fmt: skip
         shutil.rmtree(src)
         shutil.rmtree(out)
     if len(out_rows) >= 2:
@@ -236,6 +244,8 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
         dn = b["tensors"] - a["tensors"]
         for key in ("convert_s", "verify_s", "open_s"):
             print(f"per-tensor cost of {key[:-2]}: {(b[key] - a[key]) / dn * 1e6:.0f} us")
+        per_b = (b["open_rss_mib"] - a["open_rss_mib"]) / dn * 2**20
+        print(f"per-tensor memory of open: {per_b:.0f} B")
     return out_rows
 
 
@@ -285,7 +295,8 @@ def main() -> None:
               "| vs cat | peak MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         results["paths"] = part_paths(args.workdir, args.mib, names, args.jobs)
     if args.counts:
-        print("| tensors | cp s | convert s | verify s | open s |\n|---|---|---|---|---|")
+        print("| tensors | cp s | convert s | verify s | open s | open RssAnon MiB |\n"
+              "|---|---|---|---|---|---|")  # fmt: skip
         results["counts"] = part_counts(args.workdir, [int(c) for c in args.counts.split(",")],
                                         args.jobs)  # fmt: skip
     if args.sparse_gib > 0:

@@ -21,6 +21,8 @@ from ninfer_convert.container import open_artifact
 from ninfer_convert.container.schema import (
     Provenance,
     SchemaError,
+    SourceInfo,
+    SourceTensor,
     TensorEntry,
     _fast_provenance,
     _fast_tensor,
@@ -173,3 +175,27 @@ def test_header_json_refusals_without_the_encoding_pass(
     write_raw_header(path, bytes(48), raw)
     with pytest.raises(ArtifactError, match=message):
         open_artifact(path)
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        ({"dtype": "BF16", "shape": [1], "digest": 5}, "source.tensors.t.digest"),
+        ({"dtype": "BF16", "shape": [-1], "digest": "d"}, "source.tensors.t.shape[0]"),
+        ({"dtype": 1, "shape": [1], "digest": "d"}, "source.tensors.t.dtype"),
+        ({"dtype": "BF16", "shape": [1]}, "source.tensors.t"),
+    ],
+)
+def test_source_tensor_digests_fast_path_still_names_the_field(
+    entry: dict[str, Any], where: str
+) -> None:
+    good = {"dtype": "BF16", "shape": [2], "digest": "xxh3-128:" + "0" * 32}
+    doc = {"kind": "hf-dir", "path": "/m", "config": None, "files": [],
+           "tensors": {"a": good, "t": entry}}  # fmt: skip
+    with pytest.raises(SchemaError) as info:
+        SourceInfo.from_json(doc)
+    assert info.value.where == where
+    doc["tensors"] = {"a": good, "b": SourceTensor("F16", (3,), "d")}
+    parsed = SourceInfo.from_json(doc)
+    assert parsed.tensors["a"] == SourceTensor("BF16", (2,), good["digest"])
+    assert parsed.tensors["b"] == SourceTensor("F16", (3,), "d")
