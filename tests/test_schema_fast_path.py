@@ -199,3 +199,39 @@ def test_source_tensor_digests_fast_path_still_names_the_field(
     parsed = SourceInfo.from_json(doc)
     assert parsed.tensors["a"] == SourceTensor("BF16", (2,), good["digest"])
     assert parsed.tensors["b"] == SourceTensor("F16", (3,), "d")
+
+
+def test_nesting_scan_agrees_with_a_sequential_scan_on_random_text() -> None:
+    # nesting_problem finds string literals with one unrolled regex and decides with the
+    # strings removed before it recovers offsets; a character-by-character scan (strings
+    # from an unescaped quote to the next unescaped quote, unterminated ones not strings)
+    # must find the same first too-deep bracket on any text, valid JSON or not.
+    import random
+
+    from ninfer_convert.jsonlimits import nesting_problem
+
+    def reference(text: str, limit: int) -> int | None:
+        depth, i, n = 0, 0, len(text)
+        while i < n:
+            c = text[i]
+            if c == '"':
+                j = i + 1
+                while j < n and text[j] != '"':
+                    j += 2 if text[j] == "\\" else 1
+                if j < n:  # a terminated string: skip it
+                    i = j + 1
+                    continue
+            elif c in "[{":
+                depth += 1
+                if depth > limit:
+                    return i
+            elif c in "]}":
+                depth -= 1
+            i += 1
+        return None
+
+    rng = random.Random(12)
+    for _ in range(4000):
+        text = "".join(rng.choice('"\\a[[{]}') for _ in range(rng.randint(0, 40)))
+        limit = rng.randint(1, 4)
+        assert nesting_problem(text, limit) == reference(text, limit), (text, limit)
