@@ -10,12 +10,16 @@ must refuse whatever the checked path rejects.
 from __future__ import annotations
 
 import copy
+import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from artifact_fixtures import write_raw_header
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ninfer_convert.container import open_artifact
 from ninfer_convert.container.schema import (
@@ -235,3 +239,60 @@ def test_nesting_scan_agrees_with_a_sequential_scan_on_random_text() -> None:
         text = "".join(rng.choice('"\\a[[{]}') for _ in range(rng.randint(0, 40)))
         limit = rng.randint(1, 4)
         assert nesting_problem(text, limit) == reference(text, limit), (text, limit)
+
+
+_GOLDEN = sorted((Path(__file__).parent / "golden").glob("*.ninfer"))
+_HEADER_HOSTILE = st.sampled_from(
+    [*HOSTILE, -0.0, 2**64, -(2**63), "\ud800", [None], [[1]], {"op": "concat", "axis": True}]
+)
+
+
+def _open_outcome(path: Path) -> tuple[str, str]:
+    try:
+        art = open_artifact(path)
+    except ArtifactError as exc:
+        return ("refused", str(exc))
+    try:
+        return ("opened", repr([t.entry for t in art.tensors.values()]) + repr(art.meta))
+    finally:
+        art.close()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_fast_path_opens_exactly_what_the_checked_path_opens_for_mutated_golden_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: st.DataObject
+) -> None:
+    # A whole golden file (with source tensors added) whose header has one value replaced, one
+    # key added or one removed: opened with the fast paths and with them switched off, the
+    # outcome (entries and metadata, or the message) must be the same.
+    from ninfer_convert.container import schema
+
+    blob = data.draw(st.sampled_from(_GOLDEN)).read_bytes()
+    h_off, h_len = struct.unpack_from("<QQ", blob, 16)
+    doc = json.loads(blob[h_off : h_off + h_len])
+    doc["artifact"]["source"]["tensors"] = {
+        "a": {"dtype": "BF16", "shape": [2, 3], "digest": "xxh3-128:" + "0" * 32}
+    }
+    path = data.draw(st.sampled_from(list(_paths(doc))[1:]))
+    parent = doc
+    for step in path[:-1]:
+        parent = parent[step]
+    action = data.draw(st.sampled_from(["replace", "add", "remove"]))
+    if action == "replace" or not isinstance(parent, dict):
+        parent[path[-1]] = data.draw(_HEADER_HOSTILE)
+    elif action == "add":
+        parent["extra"] = 1
+    else:
+        del parent[path[-1]]
+    file = tmp_path / SINGLE_NAME
+    write_raw_header(file, blob[:h_off], json.dumps(doc).encode())
+    fast = _open_outcome(file)
+    with monkeypatch.context() as m:
+        m.setattr(schema, "_fast_tensor", lambda value, memo: None)
+        m.setattr(schema, "_fast_provenance", lambda value, memo: None)
+        m.setattr(schema, "_fast_source_tensor", lambda value: None)
+        checked = _open_outcome(file)
+    assert fast == checked, (path, action)

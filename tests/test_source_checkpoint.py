@@ -428,3 +428,27 @@ def test_read_is_bit_exact_on_both_sides_of_the_small_read_limit(
     assert arr.words.tobytes() == values.tobytes()
     assert arr.digest == "xxh3-128:" + xxhash.xxh3_128(values.tobytes()).hexdigest()
     assert not arr.words.flags.writeable
+
+
+def test_small_read_of_a_file_truncated_after_its_size_check_is_a_source_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file passes the size check, then shrinks before the pread: a typed error naming the
+    # file and tensor, not a reshape ValueError on the short buffer.
+    from ninfer_convert.source import checkpoint
+
+    path = tmp_path / "w.safetensors"
+    save_file({"w": torch.ones(64)}, str(path))
+    src = open_source(path)
+    real_fstat, inode = os.fstat, path.stat().st_ino
+
+    def fstat_then_truncate(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        if st.st_ino == inode:
+            os.truncate(path, st.st_size - 8)
+        return st
+
+    monkeypatch.setattr(checkpoint.os, "fstat", fstat_then_truncate)
+    with pytest.raises(SourceError, match=r"short read: 248 of 256 bytes") as info:
+        src.read("w")
+    assert info.value.tensor == "w"
