@@ -17,7 +17,14 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from .oracle import BINARY16, BINARY32, OracleFailure, decode_binary, encode_group_oracle
+from .oracle import (
+    BINARY16,
+    BINARY32,
+    OracleFailure,
+    decode_binary,
+    encode_group_oracle,
+    encode_matrix,
+)
 from .oracle import round_to_binary as _round_to_binary
 
 __all__ = [
@@ -150,19 +157,4 @@ def encode_mse_reference(
 
     Raises :class:`~.oracle.OracleFailure` with the row, group (and column) of the first failure.
     """
-    n_rows, k = x_words.shape
-    n_groups = -(-k // group_size)
-    codes = np.zeros((n_rows, k), dtype=np.int8)
-    scales = np.zeros((n_rows, n_groups), dtype=np.uint16)
-    for r in range(n_rows):
-        for g in range(n_groups):
-            lo, hi = g * group_size, min(k, (g + 1) * group_size)
-            group = [int(w) for w in x_words[r, lo:hi]]
-            try:
-                s, c = encode_group_mse_reference(group, qmin, qmax)
-            except OracleFailure as exc:
-                col = lo + exc.column if exc.column >= 0 else -1
-                raise OracleFailure(r, g, col, exc.raw_scale) from None
-            scales[r, g] = s
-            codes[r, lo:hi] = c
-    return codes, scales
+    return encode_matrix(encode_group_mse_reference, x_words, group_size, qmin, qmax)

@@ -27,8 +27,6 @@ profile always runs here, on the host.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import numpy.typing as npt
 
@@ -36,7 +34,7 @@ from ..formats import NumericFormat
 from ..logical import GroupedCodes
 from .common import to_f32
 from .mse_reference import CANDIDATE_RATIOS
-from .numpy_backend import _encode_rows
+from .numpy_backend import _encode_rows, encode_chunked
 
 __all__ = ["CHUNK_ELEMENTS", "encode_mse_numpy", "encode_rows_mse", "group_errors"]
 
@@ -168,21 +166,7 @@ def encode_mse_numpy(
     threads: int = 2,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> GroupedCodes:
-    assert fmt.group_size is not None
-    n, k = words.shape
-    codes = np.empty((n, k), dtype=np.int8)
-    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
-    rows = max(1, chunk_elements // k)
-    starts = range(0, n, rows)
-
-    def run(r0: int) -> None:
-        r1 = min(n, r0 + rows)
-        encode_rows_mse(words[r0:r1], source_dtype, fmt, r0, codes[r0:r1], scales[r0:r1], tensor)
-
-    if threads <= 1 or len(starts) == 1:
-        for r0 in starts:
-            run(r0)
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(run, starts))  # re-raises the first failure in chunk order
-    return GroupedCodes(codes=codes, scales=scales)
+    return encode_chunked(
+        encode_rows_mse, words, source_dtype, fmt,
+        tensor=tensor, threads=threads, chunk_elements=chunk_elements,
+    )  # fmt: skip

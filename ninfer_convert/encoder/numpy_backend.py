@@ -14,6 +14,7 @@ stay in the L2 cache), so the temporaries never scale with the tensor.  Chunks a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -105,15 +106,32 @@ def _source_word(words: npt.NDArray[np.generic], r: int, c: int, source_dtype: s
     return word
 
 
-def encode_numpy(
+RowBlockEncoder = Callable[
+    [
+        npt.NDArray[np.generic],
+        str,
+        NumericFormat,
+        int,
+        npt.NDArray[np.int8],
+        npt.NDArray[np.uint16],
+        str | None,
+    ],
+    None,
+]
+"""(words, source dtype, format, first row, codes out, scales out, tensor) -> None."""
+
+
+def encode_chunked(
+    encode_rows: RowBlockEncoder,
     words: npt.NDArray[np.generic],
     source_dtype: str,
     fmt: NumericFormat,
     *,
-    tensor: str | None = None,
-    threads: int = 2,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    tensor: str | None,
+    threads: int,
+    chunk_elements: int,
 ) -> GroupedCodes:
+    """Run ``encode_rows`` over row chunks of about ``chunk_elements`` values on ``threads``."""
     assert fmt.group_size is not None
     n, k = words.shape
     codes = np.empty((n, k), dtype=np.int8)
@@ -123,7 +141,7 @@ def encode_numpy(
 
     def run(r0: int) -> None:
         r1 = min(n, r0 + rows)
-        _encode_rows(words[r0:r1], source_dtype, fmt, r0, codes[r0:r1], scales[r0:r1], tensor)
+        encode_rows(words[r0:r1], source_dtype, fmt, r0, codes[r0:r1], scales[r0:r1], tensor)
 
     if threads <= 1 or len(starts) == 1:
         for r0 in starts:
@@ -133,3 +151,18 @@ def encode_numpy(
             # list() re-raises the first worker exception in chunk order (deterministic).
             list(pool.map(run, starts))
     return GroupedCodes(codes=codes, scales=scales)
+
+
+def encode_numpy(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    *,
+    tensor: str | None = None,
+    threads: int = 2,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> GroupedCodes:
+    return encode_chunked(
+        _encode_rows, words, source_dtype, fmt,
+        tensor=tensor, threads=threads, chunk_elements=chunk_elements,
+    )  # fmt: skip

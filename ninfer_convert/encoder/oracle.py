@@ -10,6 +10,7 @@ torch backends must match it bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -177,10 +178,18 @@ def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, 
     return scale16, codes
 
 
-def encode_oracle(
-    x_words: npt.NDArray[np.uint32], group_size: int, qmin: int, qmax: int
+GroupEncoder = Callable[[list[int], int, int], tuple[int, list[int]]]
+"""One group's binary32 words and (qmin, qmax) -> (binary16 scale word, codes)."""
+
+
+def encode_matrix(
+    encode_group: GroupEncoder,
+    x_words: npt.NDArray[np.uint32],
+    group_size: int,
+    qmin: int,
+    qmax: int,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
-    """Encode an [N, K] matrix of binary32 words group by group with the oracle.
+    """Encode an [N, K] matrix of binary32 words group by group with ``encode_group``.
 
     Raises :class:`OracleFailure` with the row, group (and column) of the first failure.
     """
@@ -193,10 +202,20 @@ def encode_oracle(
             lo, hi = g * group_size, min(k, (g + 1) * group_size)
             group = [int(w) for w in x_words[r, lo:hi]]
             try:
-                s, c = encode_group_oracle(group, qmin, qmax)
+                s, c = encode_group(group, qmin, qmax)
             except OracleFailure as exc:
                 col = lo + exc.column if exc.column >= 0 else -1
                 raise OracleFailure(r, g, col, exc.raw_scale) from None
             scales[r, g] = s
             codes[r, lo:hi] = c
     return codes, scales
+
+
+def encode_oracle(
+    x_words: npt.NDArray[np.uint32], group_size: int, qmin: int, qmax: int
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
+    """Encode an [N, K] matrix of binary32 words group by group with the oracle.
+
+    Raises :class:`OracleFailure` with the row, group (and column) of the first failure.
+    """
+    return encode_matrix(encode_group_oracle, x_words, group_size, qmin, qmax)
