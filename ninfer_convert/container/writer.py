@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +62,7 @@ from ..formats import lookup_format
 from ..layouts import Buffer, Layout, PlaneSpec, check_combination, logical_shape
 from ..layouts.base import plane_u8
 from ..logical import LogicalTensor
+from ..regular import open_regular
 from .checks import (
     check_alignment,
     check_provenance,
@@ -854,17 +854,14 @@ class ArtifactWriter:
                     "on a case-insensitive file system"
                 )
         src = Path(src_path)
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
         try:
-            fd = os.open(src, flags | getattr(os, "O_CLOEXEC", 0))
+            opened = open_regular(src)
         except OSError as exc:
             raise UsageError(f"side file {src} cannot be opened: {exc.strerror or exc}") from None
+        if opened is None:
+            raise UsageError(f"side file {src} is not a regular file (a FIFO, device or socket)")
+        fd, st = opened
         with open(fd, "rb", buffering=0) as fin:
-            st = os.fstat(fin.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise UsageError(
-                    f"side file {src} is not a regular file (a FIFO, device or socket)"
-                )
             if len(parts) > 1:
                 (self.staging / dest_name).parent.mkdir(parents=True, exist_ok=True)
             h = xxhash.xxh3_128()

@@ -60,6 +60,7 @@ import xxhash
 from ..errors import SourceError
 from ..names import MAX_SIDE_FILE_DEPTH, side_file_key, side_file_path_problem
 from ..readahead import read_ahead
+from ..regular import open_regular
 from .header import DTYPES, SafetensorsHeader, loads_strict_json, parse_header
 from .hf_cache import looks_like_repo_id, resolve_cached_repo
 
@@ -427,24 +428,20 @@ def _open_regular(p: Path, limit: int | None) -> tuple[int, int]:
 
     ``O_NONBLOCK`` makes opening a FIFO return at once; ``fstat`` on the descriptor then tells
     what was really opened (no race between a check and the open)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(p, flags | getattr(os, "O_CLOEXEC", 0))
+        opened = open_regular(p)
     except OSError as exc:
         raise SourceError(f"cannot open: {exc.strerror or exc}", path=str(p)) from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SourceError(
-                "is not a regular file (a FIFO, device or socket)",
-                path=str(p),
-                hint="replace it with a regular file or remove it",
-            )
-        if limit is not None and st.st_size > limit:
-            raise SourceError(f"is {st.st_size} bytes, over the cap of {limit} bytes", path=str(p))
-    except BaseException:
+    if opened is None:
+        raise SourceError(
+            "is not a regular file (a FIFO, device or socket)",
+            path=str(p),
+            hint="replace it with a regular file or remove it",
+        )
+    fd, st = opened
+    if limit is not None and st.st_size > limit:
         os.close(fd)
-        raise
+        raise SourceError(f"is {st.st_size} bytes, over the cap of {limit} bytes", path=str(p))
     return fd, st.st_size
 
 

@@ -32,9 +32,7 @@ rules are listed for users in docs/cli.md, "Source checkpoints"):
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from typing import Any
 from ..errors import SourceError
 from ..jsonlimits import MAX_JSON_DEPTH, nesting_problem
 from ..names import tensor_name_problem
+from ..regular import open_regular
 
 __all__ = [
     "DTYPES",
@@ -221,17 +220,17 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     """Read and validate the header of one ``.safetensors`` file (no tensor data is read)."""
     p = Path(path)
     where = str(p)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        # Non-blocking open, then fstat: a FIFO or device is refused without ever blocking.
-        with open(os.open(p, flags | getattr(os, "O_CLOEXEC", 0)), "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise SourceError(
-                    "is not a regular file (a FIFO, device or socket)",
-                    path=where,
-                    hint="pass a real .safetensors file",
-                )
+        # A FIFO or device is refused without ever blocking.
+        opened = open_regular(p)
+        if opened is None:
+            raise SourceError(
+                "is not a regular file (a FIFO, device or socket)",
+                path=where,
+                hint="pass a real .safetensors file",
+            )
+        fd, st = opened
+        with open(fd, "rb") as f:
             file_size = st.st_size
             if file_size < 8:
                 raise SourceError(
