@@ -24,6 +24,7 @@ from .container import ArtifactWriter
 from .errors import UsageError
 from .formats import lookup_format
 from .recipe import Plan, padding_warnings
+from .recipe.cost import WARNINGS_SHOWN
 from .source import SideFileSource
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
 
 README_NAME = "README.md"
 SOURCE_README_NAME = "SOURCE_README.md"
-_SHOWN_WARNINGS = 10
 
 
 def side_file_names(
@@ -187,10 +187,10 @@ def render_readme(
         lines += [
             f"- `{w.tensor}` {w.format} {list(w.shape)}: {w.physical_bits_per_weight:.3f} "
             f"bits per weight (nominal {w.nominal_bits_per_weight:g})"
-            for w in warnings[:_SHOWN_WARNINGS]
+            for w in warnings[:WARNINGS_SHOWN]
         ]
-        if len(warnings) > _SHOWN_WARNINGS:
-            lines.append(f"- ... and {len(warnings) - _SHOWN_WARNINGS} more")
+        if len(warnings) > WARNINGS_SHOWN:
+            lines.append(f"- ... and {len(warnings) - WARNINGS_SHOWN} more")
     profiles = sorted({e.encoder_profile for e in plan.entries if e.encoder_profile})
     copies = sorted({e.copy for e in plan.entries if e.copy})
     lines += [

@@ -40,11 +40,11 @@ from ..convert import (
 )
 from ..errors import UsageError
 from ..recipe import Plan, padding_warnings, resolve_recipe
+from ..recipe.cost import WARNINGS_SHOWN
 from ..signing import Signer, key_signer
 from ..source import SourceCheckpoint, open_source
 from .render import human_bytes, make_console
 
-_SHOWN_WARNINGS = 10
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
           "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
@@ -116,11 +116,11 @@ def render_warnings(plan: Plan) -> None:
     """Padding-cost warnings (docs/recipes.md 7.1) on stderr, so --json stdout stays JSON."""
     console = make_console(stderr=True)
     warnings = padding_warnings(plan.entries)
-    for w in warnings[:_SHOWN_WARNINGS]:
+    for w in warnings[:WARNINGS_SHOWN]:
         console.print(f"[yellow]warning:[/] {escape(w.message)}", highlight=False)
-    if len(warnings) > _SHOWN_WARNINGS:
+    if len(warnings) > WARNINGS_SHOWN:
         console.print(
-            f"[yellow]warning:[/] ... and {len(warnings) - _SHOWN_WARNINGS} more tensors above "
+            f"[yellow]warning:[/] ... and {len(warnings) - WARNINGS_SHOWN} more tensors above "
             'their nominal bits per weight (--json lists every one under "warnings")',
             highlight=False,
         )

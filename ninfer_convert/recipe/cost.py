@@ -22,7 +22,17 @@ from ..formats import FORMATS, Category, lookup_format
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import PlanEntry
 
-__all__ = ["PADDING_TOLERANCE", "PaddingWarning", "padding_warning", "padding_warnings"]
+__all__ = [
+    "PADDING_TOLERANCE",
+    "WARNINGS_SHOWN",
+    "PaddingWarning",
+    "padding_warning",
+    "padding_warnings",
+]
+
+WARNINGS_SHOWN = 10
+"""How many padding warnings a human-readable listing (the CLI, the generated card) shows
+before it says how many more there are; ``--json`` lists them all."""
 
 PADDING_TOLERANCE = Fraction(1, 10)
 """Physical cost may exceed the nominal one by at most this fraction without a warning."""
