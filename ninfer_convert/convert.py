@@ -35,7 +35,7 @@ Contract:
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.  Tensors whose rule names
-  MSE_F16_SEARCH_V1 are always encoded on the host (no GPU backend: docs/encoder-profiles.md).
+  MSE_F16_SEARCH_V1 are always encoded on the host, with its C kernel (docs/encoder-profiles.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The optional C modules (``_hostkernel``, ``_rowsplit``): the module when the build compiled
+"""The optional C modules (``_hostkernel``, ``_msekernel``, ``_rowsplit``): the module when the
 it, else ``None`` and the caller uses its numpy path, which produces the same bytes.
 
 Contract: :func:`optional_module` imports ``ninfer_convert.<name>``; a module that was not built

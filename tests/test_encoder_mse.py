@@ -29,7 +29,7 @@ from ninfer_convert.encoder.mse_reference import (
     group_error_reference,
 )
 from ninfer_convert.encoder.oracle import encode_group_oracle
-from ninfer_convert.errors import EncodeError, FormatError, UsageError
+from ninfer_convert.errors import EncodeError, FormatError
 from ninfer_convert.formats import (
     ENCODER_PROFILES,
     FORMATS,
@@ -269,12 +269,6 @@ def test_profile_is_registered_for_the_four_grouped_formats_only() -> None:
         check_profile_fits("mse_f16_search_v1", "Q4G64_F16S")  # exact names only
 
 
-def test_profile_has_no_torch_backend() -> None:
-    words = np.ones((1, 64), np.float32).view(np.uint32)
-    with pytest.raises(UsageError, match="no 'torch' backend"):
-        encode_grouped_words(words, "F32", "Q4G64_F16S", backend="torch", profile=MSE)
-
-
 def test_formats_json_lists_the_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["formats", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -346,7 +340,7 @@ def test_verify_catches_a_changed_code_in_a_profile_artifact(tmp_path: Path) -> 
 def test_cuda_device_still_encodes_the_profile_on_the_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The profile has no GPU backend: with device "cuda" its tensors take the host path, so
+    # convert encodes the profile on the host: with device "cuda" its tensors take the host path, so
     # nothing here may reach torch (which would fail on a machine without CUDA anyway).
     from ninfer_convert import convert
     from ninfer_convert.encoder import torch_backend

@@ -6,8 +6,9 @@ identical codes and binary16 scale words for every input; a non-finite source va
 that overflows binary16 raises :class:`~ninfer_convert.errors.EncodeError` naming the row, group
 and column.  ``profile=MSE_F16_SEARCH_V1`` selects the error-searching profile
 (docs/encoder-profiles.md): backend ``oracle`` runs its exact reference
-(:mod:`.mse_reference`), ``numpy`` its host encoder (:mod:`.mse_search`); it has no torch
-backend, so asking for one is a usage error rather than a silent change of profile.
+(:mod:`.mse_reference`), ``numpy`` its host encoder (:mod:`.mse_search`), ``torch`` its float64
+torch encoder (:func:`.torch_backend.encode_mse_torch`, CPU or CUDA); all three give the same
+bytes.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def encode_grouped_words(
     entry = grouped_format(fmt)
     check_words(words, source_dtype)
     if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
-        return _encode_mse(words, source_dtype, entry, backend, tensor, threads)
+        return _encode_mse(words, source_dtype, entry, backend, device, tensor, threads)
     if backend == "numpy":
         return encode_numpy(words, source_dtype, entry, tensor=tensor, threads=threads)
     if backend == "torch":
@@ -63,6 +64,7 @@ def _encode_mse(
     source_dtype: str,
     fmt: NumericFormat,
     backend: str,
+    device: Any,
     tensor: str | None,
     threads: int,
 ) -> GroupedCodes:
@@ -70,11 +72,14 @@ def _encode_mse(
         from .mse_search import encode_mse_numpy
 
         return encode_mse_numpy(words, source_dtype, fmt, tensor=tensor, threads=threads)
+    if backend == "torch":
+        from .torch_backend import encode_mse_torch
+
+        return encode_mse_torch(words, source_dtype, fmt, device=device, tensor=tensor)
     if backend == "oracle":
         return _encode_with_oracle(words, source_dtype, fmt, tensor, reference=True)
     raise UsageError(
-        f"encoder profile {MSE_F16_SEARCH_V1} has no {backend!r} backend",
-        hint="it runs on the host: use backend 'numpy' (or 'oracle' for its exact reference)",
+        f"unknown encoder backend {backend!r}", hint="use one of " + ", ".join(BACKENDS)
     )
 
 

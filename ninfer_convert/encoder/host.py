@@ -7,6 +7,9 @@ Refusals raise the same :class:`~ninfer_convert.errors.EncodeError` messages as 
 backend, with rows counted from ``row0``.  ``words`` may sit at any address (a BF16 tensor at an
 odd offset of a memory-mapped file): the C kernel copies an input that is not aligned to its
 word size before reading it, and checks its sizes and code bounds itself (``_hostkernel.c``).
+The profile MSE_F16_SEARCH_V1 has its own C kernel (``_msekernel.c``, same rules), with the
+numpy encoder of :mod:`.mse_search` as its fallback; the tests hold the two to the exact
+reference and to each other.
 """
 
 from __future__ import annotations
@@ -24,8 +27,16 @@ from .mse_search import encode_rows_mse
 from .numpy_backend import _encode_rows
 
 _native: Any = optional_module("_hostkernel")  # None when the build skipped it
+_native_mse: Any = optional_module("_msekernel")  # MSE_F16_SEARCH_V1; None when not built
 
-__all__ = ["HOST_KERNELS", "ErrorSums", "encode_rows", "native_available"]
+__all__ = [
+    "HOST_KERNELS",
+    "ErrorSums",
+    "encode_rows",
+    "encode_rows_mse_native",
+    "native_available",
+    "native_mse_available",
+]
 
 ErrorSums = tuple[float, float, float]
 """(max |x - x_hat|, sum of squared errors, sum of squared values) of an encoded block."""
@@ -35,6 +46,10 @@ HOST_KERNELS = ("native", "numpy")
 
 def native_available() -> bool:
     return _native is not None
+
+
+def native_mse_available() -> bool:
+    return _native_mse is not None
 
 
 _buffers = threading.local()
@@ -72,10 +87,13 @@ def encode_rows(
 
     With ``with_sums`` the C kernel also returns the block's :data:`ErrorSums` from the same
     pass (see ``_hostkernel.c``); ``None`` means the numpy path ran and the caller computes
-    them itself.  ``profile`` MSE_F16_SEARCH_V1 always runs its numpy encoder (the C kernel
-    implements only the canonical profile)."""
+    them itself.  ``profile`` MSE_F16_SEARCH_V1 runs its C kernel (``_msekernel.c``) when it
+    was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes."""
     if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
-        encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+        if kernel == "numpy" or _native_mse is None:
+            encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+        else:
+            encode_rows_mse_native(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
         return None
     if kernel == "numpy" or _native is None:
         _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
@@ -101,3 +119,38 @@ def encode_rows(
         raise nonfinite_error(tensor, row0 + r, c // fmt.group_size, c, word, source_dtype)
     r, g, raw = int(result[1]), int(result[2]), float(result[3])
     raise overflow_error(tensor, row0 + r, g, raw)
+
+
+_MSE_SOURCES = {"BF16": 0, "F32": 1, "F16": 2}
+
+
+def encode_rows_mse_native(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    row0: int,
+    codes_out: npt.NDArray[np.int8],
+    scales_out: npt.NDArray[np.uint16],
+    tensor: str | None,
+    weights: npt.NDArray[np.uint32] | None = None,
+) -> None:
+    """MSE_F16_SEARCH_V1 on a block of rows with the C kernel (``_msekernel.c``); same signature,
+    bytes and refusals as :func:`.mse_search.encode_rows_mse`.  ``weights`` (K binary32 words,
+    one per column) selects the kernel's importance-weighted error (docs in the C source); None
+    is the profile's unweighted error.
+
+    On a refusal the block is handed to the numpy encoder, which raises the error: the numpy
+    path reports the first refusal of its first failing piece (non-finite values before
+    overflows within a piece), and re-running it is the one way to give the same message."""
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    n, k = words.shape
+    w = np.ascontiguousarray(words)
+    result: Any = _native_mse.encode_rows(
+        w, _MSE_SOURCES[source_dtype], n, k, fmt.group_size, fmt.qmin, fmt.qmax,
+        codes_out, scales_out, weights,
+    )  # fmt: skip
+    if result is not None:
+        encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+        raise RuntimeError(
+            f"the C kernel refused {result!r} where numpy did not"
+        )  # pragma: no cover

@@ -56,7 +56,7 @@ from .common import nonfinite_error, overflow_error
 if TYPE_CHECKING:
     from .staging import ChunkStager
 
-__all__ = ["encode_torch", "words_to_torch_f32"]
+__all__ = ["encode_mse_torch", "encode_torch", "words_to_torch_f32"]
 
 CHUNK_ELEMENTS_CPU = 1 << 18
 CHUNK_ELEMENTS_CUDA = 1 << 26
@@ -237,3 +237,129 @@ def _source_word(values: Any, r: int, c: int, source_dtype: str) -> int:
         width = {torch.bfloat16: torch.int16, torch.float16: torch.int16}.get(v.dtype, torch.int32)
         return int(v.view(width).item()) & (0xFFFF if width is torch.int16 else 0xFFFFFFFF)
     return int(np.asarray(values)[r, c])
+
+
+# --- MSE_F16_SEARCH_V1 (docs/encoder-profiles.md) -------------------------------------------
+#
+# The profile in float64 torch, one torch operation per document step, on CPU or CUDA:
+#
+# * candidate scales: float64(amax) * 32 is exact and the division by qmax * c (a *device
+#   tensor*, never a Python scalar: ATen's CUDA division by a scalar multiplies by its
+#   reciprocal) is one IEEE binary64 division (CUDA ``div.rn.f64``); the document proves that
+#   this rounding cannot change the binary16 rounding that follows.  That rounding is done on
+#   the binary64 bits with integer operations (:func:`_f64_to_f16_words`), because torch's
+#   float64 -> float16 cast goes through binary32 on both devices, and a binary32 intermediate
+#   can land exactly on a binary16 tie (double rounding);
+# * codes: ``torch.div`` in float64 (IEEE division on CPU, ``div.rn.f64`` on CUDA), clamp, then
+#   ``torch.round`` (half to even): exact by the document's argument;
+# * error: ``s * code`` (exact), ``x - r``, ``d * d`` and the sum are separate float64 torch
+#   operations (torch's elementwise kernels are not contracted into FMAs: CPU ATen is built
+#   without -ffast-math and CUDA's ``a * b`` then ``a - b`` in separate kernels cannot fuse),
+#   and the sum is one ``torch.add`` per value index i = 0, 1, ... (never ``torch.sum``, whose
+#   order is unspecified).  A partial group is padded with +0, which adds exactly +0.
+# Refusals (non-finite values, canonical scale overflow) come from the canonical chunk encoder
+# as a flag; a flagged chunk is handed to the numpy encoder of the profile, which raises the
+# same error as the host path (chunks are whole multiples of its pieces, so its first failing
+# piece is the same).
+
+MSE_CHUNK_ELEMENTS_CPU = 1 << 16
+MSE_CHUNK_ELEMENTS_CUDA = 1 << 22
+
+
+def _f64_to_f16_words(v: Any) -> Any:
+    """Binary16 words (int64) of finite non-negative float64 ``v``, one RNE rounding each."""
+    import torch
+
+    bits = v.view(torch.int64)
+    r = bits - (1008 << 52)  # rebias 1023 -> 15; the low 42 fraction bits are rounded away
+    normal = (r + ((1 << 41) - 1) + ((r >> 42) & 1)) >> 42
+    sub = torch.round(v * 16777216.0).to(torch.int64)  # v * 2^24 is exact; below 1024 here
+    words = torch.where(v >= 6.103515625e-05, normal, sub)
+    return torch.where(v >= 65520.0, torch.full_like(words, 0x7C00), words)
+
+
+def _mse_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any]:
+    """MSE_F16_SEARCH_V1 of float32 rows [n, K] on their device: (codes int8 [n, K], scale words
+    int16 [n, groups], failure flag)."""
+    import torch
+
+    from .mse_reference import CANDIDATE_RATIOS
+
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    n, k = x.shape
+    n_groups = -(-k // g)
+    _, bits0, amax, _ = _encode_chunk(x, fmt)  # candidate 0 and the refusal flag
+    flag = _failure_flag(amax, bits0)
+    if k % g:
+        x = torch.nn.functional.pad(x, (0, n_groups * g - k))
+    xg = x.view(n, n_groups, 1, g).double()
+    amax64 = amax.double().unsqueeze(2)  # [n, groups, 1]
+    dens = [float(-fmt.qmin)] + [float(fmt.qmax * c) for c in CANDIDATE_RATIOS]
+    nums = [1.0] + [32.0] * len(CANDIDATE_RATIOS)
+    den = torch.tensor(dens, dtype=torch.float64, device=x.device)
+    num = torch.tensor(nums, dtype=torch.float64, device=x.device)
+    raw = torch.div(amax64 * num, den.expand_as(amax64 * num))  # [n, groups, 13]
+    words = torch.cat([bits0.to(torch.int64).unsqueeze(2) & 0xFFFF, _f64_to_f16_words(raw)], 2)
+    words = torch.where(words == 0, torch.ones_like(words), words)  # the 2^-24 rescue
+    usable = words != 0x7C00
+    words = torch.where(usable, words, words[..., :1].expand_as(words))  # placeholder: j = 0
+    s = words.to(torch.int16).view(torch.float16).double().unsqueeze(3)  # [n, groups, 14, 1]
+    q = torch.div(xg, s)
+    q = torch.round(torch.clamp(q, fmt.qmin, fmt.qmax))
+    d = torch.sub(xg, torch.mul(q, s))
+    t = torch.mul(d, d)
+    acc = torch.zeros(t.shape[:3], dtype=torch.float64, device=x.device)  # +0
+    for i in range(g):
+        acc = torch.add(acc, t[..., i])
+    acc = torch.where(usable, acc, torch.full_like(acc, float("inf")))
+    best = torch.argmin(acc, dim=2, keepdim=True)  # the first minimum: lowest index wins ties
+    live = (amax > 0).unsqueeze(2)
+    scale = torch.where(live, torch.gather(words, 2, best), torch.zeros_like(best)).squeeze(2)
+    codes = torch.gather(q, 2, best.unsqueeze(3).expand(n, n_groups, 1, g)).squeeze(2)
+    codes = torch.where(live, codes, torch.zeros_like(codes)).to(torch.int8)
+    return codes.reshape(n, n_groups * g)[:, :k], scale.to(torch.int16), flag
+
+
+def encode_mse_torch(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    *,
+    device: Any = None,
+    tensor: str | None = None,
+    chunk_elements: int | None = None,
+) -> GroupedCodes:
+    """MSE_F16_SEARCH_V1 of a numpy word array on ``device`` (default CPU), bit-identical to
+    :mod:`.mse_reference`; refusals are those of :func:`.mse_search.encode_mse_numpy`."""
+    import torch
+
+    from .mse_search import CHUNK_ELEMENTS as NUMPY_PIECE
+    from .mse_search import encode_rows_mse
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    assert fmt.group_size is not None
+    n, k = words.shape
+    codes = np.empty((n, k), dtype=np.int8)
+    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
+    if chunk_elements is None:
+        chunk_elements = MSE_CHUNK_ELEMENTS_CUDA if dev.type == "cuda" else MSE_CHUNK_ELEMENTS_CPU
+    piece = max(1, NUMPY_PIECE // k)  # rows of one numpy piece: chunks are whole pieces
+    rows = piece * max(1, chunk_elements // (piece * k))
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        x = words_to_torch_f32(words[r0:r1], source_dtype, dev)
+        q, s, flag = _mse_chunk(x, fmt)
+        if bool(flag):
+            encode_rows_mse(
+                words[r0:r1], source_dtype, fmt, r0, codes[r0:r1], scales[r0:r1], tensor
+            )
+            raise EncodeError(  # pragma: no cover - the numpy encoder raised above
+                f"rows {r0}..{r1 - 1} were flagged on {dev}, but the host encoder accepts them",
+                tensor=tensor,
+                rule="docs/encoder-profiles.md MSE_F16_SEARCH_V1",
+                hint="convert with --device cpu and report the GPU, driver and torch version",
+            )
+        codes[r0:r1] = q.cpu().numpy()
+        scales[r0:r1] = s.cpu().numpy().view(np.uint16)
+    return GroupedCodes(codes=codes, scales=scales)
