@@ -3,6 +3,7 @@ synthetic multi-GB BF16 checkpoint, against a plain file copy of the same bytes 
 same run (read + write + fsync).
 
     python benchmarks/bench_convert.py --size-gb 4 [--repeat 2] [--cache cold|warm] [--keep]
+        [--profiles MAXABS_F16_RECIP_RNE_V1,MSE_F16_SEARCH_V1]
 
 The checkpoint mimics a dense decoder: a [vocab, hidden] embedding (the largest tensor), layers
 of [4h, h] / [h, 4h] matrices, and norms, in several shards with an index.  Each conversion runs
@@ -11,7 +12,9 @@ default, needs root) the page cache is dropped before every timed step, so the c
 conversion and every verification all start from disk; otherwise whichever step runs after
 another one finds a different cache (a 13 GB source does not stay cached beside its copy).
 Every step is timed ``--repeat`` times and the fastest run is reported: the disks of shared
-virtual machines vary by tens of percent from one run to the next.
+virtual machines vary by tens of percent from one run to the next.  ``--profiles`` converts
+every format with each listed encoder profile (interleaved in every round) and reports each
+profile's convert throughput as a ratio to the first one's.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from common import PeakRssAnon, machine
 HIDDEN = 4096
 RECIPE_TEMPLATE = """\
 ninfer_recipe: 1
-name: bench-{fmt}
+name: bench-{name}
 version: "1"
 source:
   model_type: [llama]
@@ -43,7 +46,7 @@ rules:
     role: norm
   - match: "re:.*\\\\.weight"
     format: {fmt}
-    encoder_profile: MAXABS_F16_RECIP_RNE_V1
+    encoder_profile: {profile}
     role: weight
     evidence: [bench]
 evidence:
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--cache", choices=["cold", "warm"], default="cold")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profiles", default="MAXABS_F16_RECIP_RNE_V1",
+                    help="comma-separated encoder profiles; ratios are to the first")  # fmt: skip
     args = ap.parse_args()
 
     work = args.workdir
@@ -182,10 +187,21 @@ def main() -> None:
         "runs": [],
     }
     exe = [sys.executable, "-m", "ninfer_convert"]
-    formats = args.formats.split(",")
-    recipes = {fmt: work / f"recipe-{fmt}.yaml" for fmt in formats}
-    for fmt, recipe in recipes.items():
-        recipe.write_text(RECIPE_TEMPLATE.format(fmt=fmt))
+    profiles = args.profiles.split(",")
+    # One variant per format and profile: "Q4G64_F16S" for the first profile, else
+    # "Q4G64_F16S/<profile>".
+    variants = {
+        (fmt if i == 0 else f"{fmt}/{profile}"): (fmt, profile)
+        for fmt in args.formats.split(",")
+        for i, profile in enumerate(profiles)
+    }
+    formats = list(variants)
+    recipes = {v: work / f"recipe-{v.replace('/', '-')}.yaml" for v in formats}
+    for v, recipe in recipes.items():
+        fmt, profile = variants[v]
+        recipe.write_text(
+            RECIPE_TEMPLATE.format(fmt=fmt, profile=profile, name=v.replace("/", "-").lower())
+        )
     copies: list[float] = []
     convs: dict[str, list[tuple[float, int, str]]] = {fmt: [] for fmt in formats}
     vers: dict[str, list[tuple[float, int, str]]] = {fmt: [] for fmt in formats}
@@ -196,7 +212,7 @@ def main() -> None:
         copies.append(copy_baseline(src, work / "copy"))
         shutil.rmtree(work / "copy")
         for fmt in formats:
-            out = work / f"out-{fmt}"
+            out = work / f"out-{fmt.replace('/', '-')}"
             if out.exists():
                 shutil.rmtree(out)
             drop_caches(args.cache)
@@ -223,13 +239,14 @@ def main() -> None:
     results["copy_seconds_all"] = copies
 
     for fmt in formats:
-        out = work / f"out-{fmt}"
+        out = work / f"out-{fmt.replace('/', '-')}"
         t_conv, peak_conv = min(c[0] for c in convs[fmt]), max(c[1] for c in convs[fmt])
         t_ver, peak_ver = min(v[0] for v in vers[fmt]), max(v[1] for v in vers[fmt])
         elems = total // 2
         limit = 2 * largest + (256 << 20)
         row = {
-            "format": fmt,
+            "format": variants[fmt][0],
+            "encoder_profile": variants[fmt][1],
             "convert_seconds": t_conv,
             "convert_gb_per_s": total / t_conv / 1e9,
             "convert_melem_per_s": elems / t_conv / 1e6,
@@ -254,6 +271,11 @@ def main() -> None:
             f"    all runs: convert {', '.join(f'{c[0]:.2f}' for c in convs[fmt])}; "
             f"verify {', '.join(f'{v[0]:.2f}' for v in vers[fmt])}"
         )
+        base = variants[fmt][0]
+        if base != fmt:  # same format with the first profile, measured in the same rounds
+            t_base = min(c[0] for c in convs[base])
+            row["convert_vs_first_profile"] = t_base / t_conv
+            print(f"    convert throughput vs {profiles[0]}: {t_base / t_conv:.2f}x")
         if not args.keep:
             shutil.rmtree(out)
     if not args.keep:

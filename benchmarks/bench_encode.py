@@ -6,8 +6,9 @@ quantizer on the same values as a well-known peer (``pip install -e ".[bench]"``
 
     python benchmarks/bench_encode.py [--rows 4096] [--cols 16384] [--json out.json]
 
-``--mse`` adds rows for the encoder profile MSE_F16_SEARCH_V1 (numpy only: it has no C or torch
-backend), through the same fused encode-and-pack the converter runs.
+``--mse`` adds rows for the encoder profile MSE_F16_SEARCH_V1 through the same fused
+encode-and-pack the converter runs: its numpy encoder, its C kernel (when built) and, unless
+``--no-torch``, its float64 torch backend on ``--device``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import best_of, machine
 
 from ninfer_convert.encoder import encode_grouped_words
-from ninfer_convert.encoder.host import native_available
+from ninfer_convert.encoder.host import native_available, native_mse_available
 from ninfer_convert.formats import MSE_F16_SEARCH_V1
 from ninfer_convert.fused import encode_pack_grouped
 from ninfer_convert.layouts.row_split import native_packer_available
@@ -58,11 +59,23 @@ def main() -> None:
         t_np = best_of(lambda f=fmt: encode_grouped_words(words, "BF16", f), args.repeat)
         rows.append((fmt, "numpy", t_np))
         if args.mse:
-            t_m = best_of(
-                lambda f=fmt: encode_pack_grouped(words, "BF16", f, profile=MSE_F16_SEARCH_V1),
-                args.repeat,
-            )
-            rows.append((fmt, "fused+pack MSE_F16_SEARCH_V1 numpy", t_m))
+            for kernel in ("numpy", "native") if native_mse_available() else ("numpy",):
+                t_m = best_of(
+                    lambda f=fmt, kern=kernel: encode_pack_grouped(
+                        words, "BF16", f, kernel=kern, profile=MSE_F16_SEARCH_V1
+                    ),
+                    args.repeat,
+                )
+                rows.append((fmt, f"fused+pack MSE {kernel}", t_m))
+            if not args.no_torch:
+                t_mt = best_of(
+                    lambda f=fmt: encode_grouped_words(
+                        words, "BF16", f, backend="torch", device=args.device,
+                        profile=MSE_F16_SEARCH_V1,
+                    ),
+                    args.repeat,
+                )  # fmt: skip
+                rows.append((fmt, f"MSE torch-{args.device}", t_mt))
         if not args.no_torch:
             t_t = best_of(
                 lambda f=fmt: encode_grouped_words(

@@ -21,8 +21,9 @@ Why plain numpy arithmetic is exact here (the arguments are spelled out in the d
   order differs), and numpy ufuncs never fuse a multiply and an add.
 
 Memory follows the block (a few float64 temporaries of :data:`CHUNK_ELEMENTS` values), never
-the tensor.  The C kernel and the torch backend implement only the canonical profile; this
-profile always runs here, on the host.
+the tensor.  The converter runs the profile's C kernel (``_msekernel.c``, dispatched by
+:func:`.host.encode_rows`) when it was built and this encoder otherwise; both write the same
+bytes.
 """
 
 from __future__ import annotations
