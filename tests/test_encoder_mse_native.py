@@ -567,3 +567,42 @@ def test_torch_cuda_matches_numpy_on_a_large_matrix() -> None:
     for fmt in GROUPED:
         want = encode_grouped_words(words, "BF16", fmt, profile=MSE)
         assert_same_encoding(want, _torch(words, "BF16", fmt, "cuda"), _group_size(fmt), fmt)
+
+
+# --- convert and verify run the C kernel --------------------------------------------------------
+
+
+@native
+def test_convert_and_verify_encode_the_profile_with_the_c_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from recipe_fixtures import RECIPE_HEAD
+    from st_helpers import write_safetensors
+
+    from ninfer_convert.convert import convert_checkpoint
+    from ninfer_convert.verify import verify_artifact
+
+    calls: list[int] = []
+
+    class Counting:
+        def encode_rows(self, *args: object) -> object:
+            calls.append(1)
+            return kernel.encode_rows(*args)  # type: ignore[union-attr]
+
+    monkeypatch.setattr(host, "_native_mse", Counting())
+    src = tmp_path / "src"
+    src.mkdir()
+    words = (np.random.default_rng(5).standard_normal((24, 200)).astype(np.float32).view(
+        np.uint32) >> 16).astype(np.uint16)  # fmt: skip
+    write_safetensors(src / "model.safetensors", {"w": ("BF16", words)})
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        RECIPE_HEAD + f"- match: w\n  format: Q4G64_F16S\n  encoder_profile: {MSE}\n"
+        "  role: r\n  evidence: [e1]\n"
+    )
+    convert_checkpoint(src, recipe, tmp_path / "out", device="cpu", jobs=2)
+    converted = len(calls)
+    assert converted > 0
+    report = verify_artifact(tmp_path / "out", source=src)
+    assert report.exit_code == 0 and len(calls) > converted
