@@ -304,6 +304,45 @@ def test_native_binary16_rounding_of_candidates_is_round_to_nearest_even() -> No
     assert got.tobytes() == want.tobytes()
 
 
+def _exact_ties(fmt: str) -> tuple[np.ndarray, list[int]]:
+    """Groups, one per scale word s (not powers of two), holding exact ties (m + 1/2) * s whose
+    reciprocal is not a power of two, plus clipped values: a backend that multiplies by
+    RN64(1/s) instead of dividing moves some of them off the tie, so its codes and errors
+    differ.  Returns (binary32 words of [len(scales), G], scale words)."""
+    f = FORMATS[fmt]
+    assert f.qmin is not None and f.qmax is not None and f.group_size is not None
+    rng = np.random.default_rng(1)
+    scales = [int(w) for w in rng.integers(0x0400, 0x5000, 40, dtype=np.uint16)]
+    # qmax * s, so that s is candidate 0; exact multiples of s, so that s wins the search; and
+    # four ties that round half to even both ways (-3.5 -> -4, -2.5 -> -2, 1.5 -> 2, 2.5 -> 2).
+    multiples = np.resize(np.arange(f.qmin + 1, f.qmax), f.group_size - 5)
+    halves = np.concatenate([[f.qmax, -3.5, -2.5, 1.5, 2.5], multiples])
+    rows = []
+    for w in scales:
+        s = float(np.array([w], np.uint16).view(np.float16)[0])
+        row = np.resize(halves, f.group_size) * s  # exact: 11-bit s times a short odd / 2
+        rows.append(row.astype(np.float32))
+    return np.stack(rows).view(np.uint32), scales
+
+
+@native
+@pytest.mark.parametrize("fmt", GROUPED)
+def test_native_codes_at_exact_ties_round_half_to_even(fmt: str) -> None:
+    f = FORMATS[fmt]
+    assert f.qmin is not None and f.qmax is not None and kernel is not None
+    x, scales = _exact_ties(fmt)
+    want, got = _reference(x, "F32", fmt), _native(x, "F32", fmt)
+    assert_same_encoding(want, got, _group_size(fmt), "ties")
+    assert (got.scales[:, 0] == np.array(scales, np.uint16)).all()  # the ties were coded
+    out = np.empty(1, np.float64)
+    for row, s in zip(x, scales, strict=True):
+        kernel.group_errors(row, np.array([s], np.uint16), f.qmin, f.qmax, out)
+        xs = [int(v) for v in row]
+        assert Fraction(float(out[0])) == group_error_reference(
+            xs, s, _nearest_codes(xs, s, f.qmin, f.qmax)
+        ), f"scale {s:#06x}"
+
+
 # --- the C kernel: weighted -------------------------------------------------------------------
 
 
@@ -508,6 +547,23 @@ def test_torch_binary16_rounding_of_candidates_is_round_to_nearest_even() -> Non
     with np.errstate(over="ignore"):
         want = v.astype(np.float16).view(np.uint16)
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("fmt", GROUPED)
+def test_torch_codes_at_exact_ties_round_half_to_even(fmt: str) -> None:
+    from ninfer_convert.encoder.torch_backend import _mse_codes_errors
+
+    f = FORMATS[fmt]
+    assert f.qmin is not None and f.qmax is not None
+    x, scales = _exact_ties(fmt)
+    xg = torch.from_numpy(x.view(np.float32).astype(np.float64)).unsqueeze(1)  # [m, 1, G]
+    sv = torch.from_numpy(np.array(scales, np.uint16).view(np.float16).astype(np.float64))
+    q, acc = _mse_codes_errors(xg, sv.reshape(-1, 1, 1), f)
+    for r, s in enumerate(scales):
+        xs = [int(v) for v in x[r]]
+        want = _nearest_codes(xs, s, f.qmin, f.qmax)
+        assert q[r, 0].to(torch.int64).tolist() == want, f"scale {s:#06x}"
+        assert Fraction(float(acc[r, 0])) == group_error_reference(xs, s, want)
 
 
 def test_torch_matches_reference_across_chunks() -> None:

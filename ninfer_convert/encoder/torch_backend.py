@@ -278,6 +278,22 @@ def _f64_to_f16_words(v: Any) -> Any:
     return torch.where(v >= 65520.0, torch.full_like(words, 0x7C00), words)
 
 
+def _mse_codes_errors(xg: Any, s: Any, fmt: NumericFormat) -> tuple[Any, Any]:
+    """Nearest codes (float64) of values ``xg`` [..., 1, G] for scales ``s`` [..., J, 1] and the
+    document's binary64 error of each scale [..., J]: one float64 op per step, summed in index
+    order."""
+    import torch
+
+    q = torch.div(xg, s)
+    q = torch.round(torch.clamp(q, fmt.qmin, fmt.qmax))
+    d = torch.sub(xg, torch.mul(q, s))
+    t = torch.mul(d, d)
+    acc = torch.zeros(t.shape[:-1], dtype=torch.float64, device=xg.device)  # +0
+    for i in range(t.shape[-1]):
+        acc = torch.add(acc, t[..., i])
+    return q, acc
+
+
 def _mse_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any]:
     """MSE_F16_SEARCH_V1 of float32 rows [n, K] on their device: (codes int8 [n, K], scale words
     int16 [n, groups], failure flag)."""
@@ -305,13 +321,7 @@ def _mse_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any]:
     usable = words != 0x7C00
     words = torch.where(usable, words, words[..., :1].expand_as(words))  # placeholder: j = 0
     s = words.to(torch.int16).view(torch.float16).double().unsqueeze(3)  # [n, groups, 14, 1]
-    q = torch.div(xg, s)
-    q = torch.round(torch.clamp(q, fmt.qmin, fmt.qmax))
-    d = torch.sub(xg, torch.mul(q, s))
-    t = torch.mul(d, d)
-    acc = torch.zeros(t.shape[:3], dtype=torch.float64, device=x.device)  # +0
-    for i in range(g):
-        acc = torch.add(acc, t[..., i])
+    q, acc = _mse_codes_errors(xg, s, fmt)
     acc = torch.where(usable, acc, torch.full_like(acc, float("inf")))
     best = torch.argmin(acc, dim=2, keepdim=True)  # the first minimum: lowest index wins ties
     live = (amax > 0).unsqueeze(2)
