@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..errors import EncodeError
 from ..formats import NumericFormat
@@ -56,23 +55,10 @@ from .common import nonfinite_error, overflow_error
 if TYPE_CHECKING:
     from .staging import ChunkStager
 
-__all__ = ["encode_torch", "words_to_torch_f32"]
+__all__ = ["encode_torch"]
 
 CHUNK_ELEMENTS_CPU = 1 << 18
 CHUNK_ELEMENTS_CUDA = 1 << 26
-
-
-def words_to_torch_f32(words: npt.NDArray[np.generic], source_dtype: str, device: Any) -> Any:
-    """Upload source words and widen them exactly to float32 on ``device``."""
-    import torch
-
-    if source_dtype == "BF16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.int16)).view(torch.bfloat16)
-    elif source_dtype == "F16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float16))
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float32))
-    return t.to(device=device, non_blocking=True).float()
 
 
 def _encode_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any, Any]:
