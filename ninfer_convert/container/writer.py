@@ -10,9 +10,11 @@ Contract:
   packed elsewhere (a worker thread).  Tensors are stored in the order they are added; the
   caller adds them in a deterministic order, and the same calls give byte-identical files.
 * ``reserve`` places the next tensor before its bytes exist (same checks, offsets and shard
-  choice as ``add_packed``) and returns writable planes over its final bytes: mapped file pages,
-  or process memory for tensors of at most 256 KiB; ``complete`` records reservations in the
-  order they were made, checking the padding and digesting the stored bytes.  The file bytes
+  choice as ``add_packed``) and returns planes over its final bytes (mapped file pages, or
+  process memory for tensors of at most 256 KiB) and a ``sink`` that stores bytes there from
+  any thread (a ``pwrite`` into the reserved, ``posix_fallocate``'d blocks); ``complete``
+  records reservations in the order they were made, checking the padding and digesting the
+  stored bytes.  The file bytes
   equal those of ``add_packed`` with the same planes (tests compare them).  ``add`` and
   ``add_packed`` are refused while a reservation is pending, and so is ``commit``.
 * ``add_file`` copies a side file (config.json, tokenizer files) into the model directory.
@@ -310,9 +312,8 @@ class Reservation:
     :meth:`ArtifactWriter.complete`, in the order the reservations were made.
 
     Why a sink: storing into mapped pages of freshly allocated file blocks costs a fault and
-    a zeroed page per page before the bytes are copied in, and their writeback then converts
-    unwritten extents; on ext4 here a 512 MiB fill took 1.2-3.4 s mapped against 0.2-0.3 s
-    by ``pwrite`` (docs/performance.md, issue 12)."""
+    a zeroed page per page before the bytes are copied in; ``pwrite`` copies once, and was
+    several times faster (docs/performance.md, issue 12: "Convert regression")."""
 
     name: str
     fmt_name: str
