@@ -44,6 +44,7 @@ __all__ = [
     "Digest",
     "PlaneSink",
     "encode_pack_grouped",
+    "encode_pack_torch",
     "equals_packed_grouped",
 ]
 
@@ -112,6 +113,60 @@ def encode_pack_grouped(
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
                 chunk_elements, on_block, kernel, profile, sink)  # fmt: skip
     return planes
+
+
+TORCH_BLOCK_ELEMENTS = 1 << 24
+"""Source values per row block on the torch path: each block is one ``encode_torch`` call (its
+own chunk pipeline: on CUDA pinned buffers of a few chunks) whose codes and scales are packed
+and stored before the next block starts, so host memory follows the block, not the tensor."""
+
+
+def encode_pack_torch(
+    words: Words,
+    source_dtype: str,
+    fmt_name: str,
+    *,
+    device: str,
+    out: list[npt.NDArray[np.uint8]],
+    sink: PlaneSink | None = None,
+    tensor: str | None = None,
+    block_elements: int = TORCH_BLOCK_ELEMENTS,
+    chunk_elements: int | None = None,
+    on_block: BlockHook | None = None,
+) -> list[npt.NDArray[np.uint8]]:
+    """The planes :func:`encode_pack_grouped` gives, encoded by the torch backend on ``device``
+    (``"cuda"`` in convert; ``"cpu"`` runs the same code in CI) one row block at a time and
+    packed into ``out`` (or handed to ``sink.write``, as there).  ``on_block`` sees each block
+    (sums ``None``), e.g. to spot-check rows on the host.  Errors name tensor rows."""
+    from .encoder.torch_backend import encode_torch
+
+    specs, strides = _plane_geometry(words, source_dtype, fmt_name)
+    if [int(p.size) for p in out] != [spec.nbytes for spec in specs]:
+        raise ValueError("out planes do not have the layout's sizes")
+    fmt = grouped_format(fmt_name)
+    layout = lookup_layout(fmt.layout)
+    assert isinstance(layout, RowSplitK128)
+    n, k = words.shape
+    rows = max(1, block_elements // k)
+    scratch = [np.empty(rows * st, dtype=np.uint8) for st in strides] if sink is not None else []
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        block_words = np.asarray(words[r0:r1])
+        enc = encode_torch(block_words, source_dtype, fmt, device=device, tensor=tensor,
+                           chunk_elements=chunk_elements, row0=r0)  # fmt: skip
+        _raise_invalid(fmt, enc.codes, enc.scales, tensor)
+        if on_block is not None:
+            on_block(r0, r1, block_words, enc.codes, enc.scales, None)
+        if sink is None:
+            parts = [p[r0 * st : r1 * st] for p, st in zip(out, strides, strict=True)]
+        else:
+            parts = [b[: (r1 - r0) * st] for b, st in zip(scratch, strides, strict=True)]
+        for part, new in zip(parts, layout.pack(fmt, enc), strict=True):
+            part[...] = np.asarray(new).reshape(-1).view(np.uint8)
+        if sink is not None:
+            for i, (part, st) in enumerate(zip(parts, strides, strict=True)):
+                sink.write(i, r0 * st, part)
+    return out
 
 
 class Digest(Protocol):

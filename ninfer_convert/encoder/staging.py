@@ -47,12 +47,15 @@ def words_to_torch_f32(
     words: npt.NDArray[np.generic], source_dtype: str, device: torch.device
 ) -> torch.Tensor:
     """Upload source words and widen them exactly to float32 on ``device``."""
+    arr = np.ascontiguousarray(words)
+    if not arr.flags.writeable:  # a read-only mapping: torch wants writable memory (a block)
+        arr = arr.copy()
     if source_dtype == "BF16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.int16)).view(torch.bfloat16)
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     elif source_dtype == "F16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float16))
+        t = torch.from_numpy(arr.view(np.float16))
     else:
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float32))
+        t = torch.from_numpy(arr.view(np.float32))
     return t.to(device=device, non_blocking=True).float()
 
 

@@ -121,8 +121,10 @@ def encode_torch(
     device: Any = None,
     tensor: str | None = None,
     chunk_elements: int | None = None,
+    row0: int = 0,
 ) -> GroupedCodes:
-    """Encode a numpy word array (or a torch tensor) on ``device`` (default: CPU).
+    """Encode a numpy word array (or a torch tensor) on ``device`` (default: CPU); ``row0``
+    (the tensor row of ``values``' first row, for a row block) is added to reported rows.
 
     Rows are encoded in chunks of about ``chunk_elements`` values (default
     ``CHUNK_ELEMENTS_CUDA`` on CUDA, ``CHUNK_ELEMENTS_CPU`` elsewhere), pipelined through a
@@ -147,7 +149,7 @@ def encode_torch(
     def collect(slot: int, r0: int, r1: int) -> None:
         if stager.collect(slot, codes[r0:r1], scales[r0:r1]):
             stager.drain()  # the recomputation below runs unstaged on the compute stream
-            _raise_chunk_error(values, r0, r1, source_dtype, fmt, dev, tensor)
+            _raise_chunk_error(values, r0, r1, source_dtype, fmt, dev, tensor, row0)
 
     try:
         stager.upload(0, *bounds[0])
@@ -179,6 +181,7 @@ def _raise_chunk_error(
     fmt: NumericFormat,
     dev: Any,
     tensor: str | None,
+    row0: int = 0,
 ) -> None:
     """Re-encode a flagged chunk unstaged and raise the error the unpipelined encoder raised.
 
@@ -200,14 +203,14 @@ def _raise_chunk_error(
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
         r, c = divmod(flat, k)
         word = _source_word(values, r0 + r, c, source_dtype)
-        raise nonfinite_error(tensor, r0 + r, c // fmt.group_size, c, word, source_dtype)
+        raise nonfinite_error(tensor, row0 + r0 + r, c // fmt.group_size, c, word, source_dtype)
     overflow = bits == 0x7C00
     if bool(overflow.any()):
         r, grp = (int(i) for i in torch.nonzero(overflow)[0])
-        raise overflow_error(tensor, r0 + r, grp, float(raw[r, grp]))
+        raise overflow_error(tensor, row0 + r0 + r, grp, float(raw[r, grp]))
     raise EncodeError(
-        f"rows {r0}..{r1 - 1} were flagged as non-finite or overflowing on {dev}, but "
-        "re-encoding them found neither",
+        f"rows {row0 + r0}..{row0 + r1 - 1} were flagged as non-finite or overflowing on "
+        f"{dev}, but re-encoding them found neither",
         tensor=tensor,
         rule="spec Section 7",
         hint="the device gave different results for the same chunk; convert with --device cpu "
