@@ -1,7 +1,8 @@
 """Peak memory and throughput per source dtype and output family, and the tensor-count curve.
 
     python benchmarks/bench_memory.py [--mib 256] [--paths all|NAME,...] [--counts 2500,...]
-                                      [--sparse-gib 0] [--jobs 2] [--json out.json]
+                                      [--sparse-gib 0] [--jobs 2] [--cache warm|cold]
+                                      [--json out.json]
 
 Part 1 (``--mib``): one checkpoint per source dtype (BF16, F16, F32, I64) holding a single
 [rows, 4096] tensor of about ``--mib`` MiB, then for every path (source dtype x output family:
@@ -9,9 +10,12 @@ direct copy, conversion, grouped Q4G64_F16S, derive with transpose) one ``ninfer
 one ``ninfer verify`` in a fresh subprocess whose RssAnon is sampled every 10 ms.  Baselines
 measured in the same run, right before each path, on the same files: ``cp`` + ``sync`` of the
 source (for convert) and ``cat`` of source + artifact (for verify).  Ratios > 1 mean faster
-than the baseline.  The memory target of issue 12 is 256 MiB + 64 MiB x jobs.  The page cache
-is warm (the machine is shared, dropping it is not ours to do): baselines and runs both read
-from cache, so the ratios compare CPU and write costs.
+than the baseline.  The memory target of issue 12 is 256 MiB + 64 MiB x jobs.  With ``--cache
+warm`` (the default) baselines and runs both read from the page cache, so the ratios compare
+CPU and write costs.  With ``--cache cold`` every file of the source and of the artifact is
+fsynced and evicted (``posix_fadvise(POSIX_FADV_DONTNEED)``: only this benchmark's files, not
+the whole cache of a shared machine) before each baseline and each run alike, so all of them
+read from disk.
 
 Part 2 (``--counts``): checkpoints of N one-element BF16 tensors; convert, verify and
 ``open_artifact`` time per N (open: the call alone, without the import, and the RssAnon the
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,6 +121,25 @@ def write_source(root: Path, dtype: str, rows: int, cols: int = COLS, sparse: bo
     return nbytes
 
 
+CACHE = "warm"  # set by --cache
+
+
+def evict(*dirs: Path) -> None:
+    """Cold mode: write back and drop the page-cache pages of every file under ``dirs``."""
+    if CACHE != "cold":
+        return
+    for d in dirs:
+        for p in sorted(d.rglob("*")) if d.exists() else ():
+            if not p.is_file():
+                continue
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def run(cmd: list[str]) -> tuple[float, int]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,11 +179,15 @@ def part_paths(work: Path, mib: int, names: list[str], jobs: int) -> list[dict[s
         out = work / "out"
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(work / "cp", ignore_errors=True)
+        evict(src)
         t_cp = shell_time(f"cp -r {src} {work / 'cp'} && sync")
         shutil.rmtree(work / "cp")
+        evict(src)
         t_conv, m_conv = run([*exe, "convert", str(src), "--recipe", str(r), "--output", str(out),
                               "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
+        evict(src, out)
         t_cat = shell_time(f"cat {files_of(src, out)} > /dev/null")
+        evict(src, out)
         t_ver, m_ver = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
                             "--json"])  # fmt: skip
         row = {
@@ -284,10 +312,13 @@ def main() -> None:
     ap.add_argument("--counts", default="2500,10000,20000")
     ap.add_argument("--sparse-gib", type=float, default=0.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cache", choices=["warm", "cold"], default="warm")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    global CACHE
+    CACHE = args.cache
     args.workdir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, object] = {"machine": machine(), "jobs": args.jobs}
+    results: dict[str, object] = {"machine": machine(), "jobs": args.jobs, "cache": args.cache}
     names = list(PATHS) if args.paths == "all" else args.paths.split(",")
     if args.mib > 0 and names != [""]:
         print(f"memory target: {256 + 64 * args.jobs} MiB peak RssAnon")

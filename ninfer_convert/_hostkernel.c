@@ -2,9 +2,11 @@
  * Single-pass host kernel for MAXABS_F16_RECIP_RNE_V1 (spec Section 7).
  *
  * Contract: encode_rows(words, source, n, k, group, qmin, qmax, codes, scales) encodes an
- * [n, k] block of BF16 (source 0, uint16 words) or binary32 (source 1, uint32 words) values
- * into int8 codes [n, k] and binary16 scale words [n, ceil(k/group)], bit-identical to the
- * oracle in encoder/oracle.py.  It returns None, or a tuple describing the first refusal in
+ * [n, k] block of BF16 (source 0, uint16 words), binary32 (source 1, uint32 words) or binary16
+ * (source 2, uint16 words) values into int8 codes [n, k] and binary16 scale words
+ * [n, ceil(k/group)], bit-identical to the oracle in encoder/oracle.py.  A binary16 row is
+ * widened exactly to binary32 (w_f16_to_f32, every word tested) into a one-row buffer that
+ * stays in L1, then encoded as binary32: one pass over the source, no block-sized copy.  It returns None, or a tuple describing the first refusal in
  * row-major order: ("nonfinite", row, column) or ("overflow", row, group, raw_scale).
  *
  * Why the arithmetic is exactly Section 7: on x86-64 (and AArch64) C float arithmetic is
@@ -22,7 +24,7 @@
  * into a multiplication --, __ASSOCIATIVE_MATH__, __NO_SIGNED_ZEROS__), or excess precision
  * (FLT_EVAL_METHOD != 0, e.g. x87 -mfpmath=387).
  *
- * Arguments are checked before anything is read: 1 <= group, 0 <= n, 1 <= k, source 0 or 1,
+ * Arguments are checked before anything is read: 1 <= group, 0 <= n, 1 <= k, source 0-2,
  * -128 <= qmin < 0 < qmax <= 127 (codes are int8, and the clamp bounds must be exact floats),
  * and every buffer size is computed with overflow-checked multiplication (no signed
  * overflow).  The input may sit at any address (a BF16 tensor at an odd offset of a memory
@@ -97,6 +99,55 @@ static float f16_to_f32(uint16_t h) {
     if ((h >> 10) == 0) return (float)h * 5.9604644775390625e-08f; /* h * 2^-24, exact */
     return f32_from_bits(((uint32_t)h << 13) + (112u << 23));
 }
+
+/* Branch-free selects (masks), so that GCC vectorises every loop below. */
+static inline uint32_t pick(uint32_t cond, uint32_t a, uint32_t b) {
+    uint32_t m = 0u - cond; /* cond is 0 or 1 */
+    return (a & m) | (b & ~m);
+}
+
+static inline uint32_t w_f16_to_f32(uint32_t h) {
+    /* The fraction and exponent move into place together (o); normals are rebiased by
+     * 127 - 15, inf/NaN by twice that (exponent field 255, payload kept), and a subnormal
+     * f * 2^-24 is (2^-14 + f * 2^-24) - 2^-14: one exact binary32 subtraction (both operands
+     * normal, the difference representable). */
+    uint32_t o = (h & 0x7FFFu) << 13, e = o & 0x0F800000u;
+    uint32_t normal = o + (112u << 23), special = o + (224u << 23);
+    uint32_t sub = bits_from_f32(f32_from_bits(o + (113u << 23)) - f32_from_bits(113u << 23));
+    uint32_t mag = pick(e == 0x0F800000u, special, pick(e == 0, sub, normal));
+    return mag | ((h & 0x8000u) << 16);
+}
+
+/* One binary16 row widened to binary32 words, exactly (a row of a source-2 block). */
+typedef void (*widen_fn)(const uint16_t *h, uint32_t *out, Py_ssize_t k);
+
+static void widen_row(const uint16_t *h, uint32_t *out, Py_ssize_t k) {
+    for (Py_ssize_t i = 0; i < k; i++) out[i] = w_f16_to_f32(h[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+/* The same words by the F16C instruction (8 per vcvtph2ps, against about 15 operations per 8
+ * in the branch-free loop above): every finite binary16 value is exact in binary32, so
+ * both give the same words; they differ only on a signalling NaN (quieted here), which the
+ * encoder refuses either way.  Picked at run time when the CPU has F16C. */
+__attribute__((target("avx,f16c"))) static void widen_row_f16c(const uint16_t *h, uint32_t *out,
+                                                              Py_ssize_t k) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(h + i));
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm256_castps_si256(_mm256_cvtph_ps(v)));
+    }
+    for (; i < k; i++) out[i] = w_f16_to_f32(h[i]);
+}
+
+static widen_fn pick_widen(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("f16c") ? widen_row_f16c : widen_row;
+}
+#else
+static widen_fn pick_widen(void) { return widen_row; }
+#endif
 
 static PyObject *refusal_nonfinite(Py_ssize_t row, Py_ssize_t col) {
     return Py_BuildValue("(snn)", "nonfinite", row, col);
@@ -201,7 +252,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                         Py_ssize_t k, int group, Py_ssize_t groups, float lo, float hi,
                         float qmaxf, int8_t *out, uint16_t *sc, Py_ssize_t *bad_row_out,
                         Py_ssize_t *bad_col_out, float *bad_raw_out, double *stats, float *qf,
-                        float *sf) {
+                        float *sf, uint32_t *wide, widen_fn widen) {
     const float magic = 12582912.0f; /* 1.5 * 2^23 */
     int kind = 0; /* 0 ok, 1 non-finite, 2 overflow */
     v8i gmax = {0}; /* bits of the largest |e| per lane */
@@ -210,6 +261,12 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
     float bad_raw = 0.0f;
     for (Py_ssize_t r = 0; r < n && !kind; r++) {
         uint32_t row_amax = 0; /* binary32 bits of the row's largest |x| */
+        const uint32_t *row32 = wide; /* the row as binary32 words (sources 1 and 2) */
+        if (source == 1) {
+            row32 = w32 + r * k;
+        } else if (source == 2) { /* binary16: widened exactly, inf/NaN stay inf/NaN */
+            widen(w16 + r * k, wide, k);
+        }
         for (Py_ssize_t g = 0; g < groups; g++) {
             Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
             uint32_t amax_bits = 0; /* sign-cleared word: unsigned order = order of |x| */
@@ -228,7 +285,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 }
                 amax_bits <<= 16;
             } else {
-                const uint32_t *p = w32 + r * k;
+                const uint32_t *p = row32;
                 int32_t m32 = 0; /* sign-cleared binary32 words fit a signed 32-bit max */
                 for (Py_ssize_t i = a; i < b; i++) {
                     int32_t v = (int32_t)(p[i] & 0x7FFFFFFFu);
@@ -263,14 +320,14 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 const uint16_t *p = w16 + r * k;
                 for (Py_ssize_t i = a; i < b; i++) QUANT(f32_from_bits((uint32_t)p[i] << 16));
             } else if (stats == NULL) {
-                const uint32_t *p = w32 + r * k;
+                const uint32_t *p = row32;
                 for (Py_ssize_t i = a; i < b; i++) QUANT(f32_from_bits(p[i]));
             } else if (source == 0) {
                 const uint16_t *p = w16 + r * k;
                 for (Py_ssize_t i = a; i < b; i++) QUANT_KEEP(f32_from_bits((uint32_t)p[i] << 16));
                 sf[g] = s32;
             } else {
-                const uint32_t *p = w32 + r * k;
+                const uint32_t *p = row32;
                 for (Py_ssize_t i = a; i < b; i++) QUANT_KEEP(f32_from_bits(p[i]));
                 sf[g] = s32;
             }
@@ -291,7 +348,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                       x = (v8f)(__builtin_convertvector(h, v8u) << 16),
                       f32_from_bits((uint32_t)p[j] << 16));
         } else {
-            const uint32_t *p = w32 + r * k;
+            const uint32_t *p = row32;
             ROW_STATS(memcpy(&x, p + j, sizeof x), f32_from_bits(p[j]));
         }
     }
@@ -335,10 +392,11 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         return NULL;
     }
     const char *why = NULL;
-    const Py_ssize_t wsize = source == 0 ? 2 : 4;
+    const Py_ssize_t wsize = source == 1 ? 4 : 2;
     Py_ssize_t groups = 0, cells = 0, wbytes = 0, sbytes = 0, scratch = 0;
-    if (group <= 0 || n < 0 || k <= 0 || (source != 0 && source != 1))
-        why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16) or 1 (binary32)";
+    if (group <= 0 || n < 0 || k <= 0 || source < 0 || source > 2)
+        why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16), 1 (binary32) "
+              "or 2 (binary16)";
     else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
         why = "encode_rows: need -128 <= qmin < 0 < qmax <= 127";
     else {
@@ -379,13 +437,16 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         memcpy(aligned, words.buf, (size_t)wbytes);
         wbuf = aligned;
     }
-    /* One row's rounded codes and group scales as binary32, for the statistics (allocated
-     * while holding the GIL, as PyMem_Malloc requires). */
+    /* One row's rounded codes and group scales as binary32, for the statistics, and one
+     * widened binary16 row (allocated while holding the GIL, as PyMem_Malloc requires; k
+     * words fit: scratch is (k + groups) * 4 bytes). */
     float *qf = st != NULL ? (float *)PyMem_Malloc((size_t)scratch) : NULL;
     float *sf = qf != NULL ? qf + k : NULL;
-    if (st != NULL && qf == NULL) {
+    uint32_t *wide = source == 2 ? (uint32_t *)PyMem_Malloc((size_t)scratch) : NULL;
+    if ((st != NULL && qf == NULL) || (source == 2 && wide == NULL)) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
-        PyBuffer_Release(&stats);
+        if (have_stats) PyBuffer_Release(&stats);
+        PyMem_Free(qf);
         PyMem_Free(aligned);
         return PyErr_NoMemory();
     }
@@ -394,18 +455,20 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     int8_t *out = (int8_t *)codes.buf;
     uint16_t *sc = (uint16_t *)scales.buf;
     const float lo = (float)qmin, hi = (float)qmax, qmaxf = (float)qmax;
+    const widen_fn widen = source == 2 ? pick_widen() : widen_row;
     int kind;
     Py_ssize_t bad_row = 0, bad_col = 0;
     float bad_raw = 0.0f;
 
     Py_BEGIN_ALLOW_THREADS
     kind = encode_block(w16, w32, source, n, k, group, groups, lo, hi, qmaxf, out, sc, &bad_row,
-                        &bad_col, &bad_raw, st, qf, sf);
+                        &bad_col, &bad_raw, st, qf, sf, wide, widen);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
     if (have_stats) PyBuffer_Release(&stats);
     PyMem_Free(qf);
+    PyMem_Free(wide);
     PyMem_Free(aligned);
     if (kind == 1) return refusal_nonfinite(bad_row, bad_col);
     if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
@@ -447,24 +510,6 @@ static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
  * binary16 subnormals: (float)f * 2^-24 for an integer f < 1024 is exact (no rounding, and
  * neither operand nor result is subnormal, so FTZ/DAZ could not change it).
  */
-/* Branch-free selects (masks), so that GCC vectorises every loop below. */
-static inline uint32_t pick(uint32_t cond, uint32_t a, uint32_t b) {
-    uint32_t m = 0u - cond; /* cond is 0 or 1 */
-    return (a & m) | (b & ~m);
-}
-
-static inline uint32_t w_f16_to_f32(uint32_t h) {
-    /* The fraction and exponent move into place together (o); normals are rebiased by
-     * 127 - 15, inf/NaN by twice that (exponent field 255, payload kept), and a subnormal
-     * f * 2^-24 is (2^-14 + f * 2^-24) - 2^-14: one exact binary32 subtraction (both operands
-     * normal, the difference representable). */
-    uint32_t o = (h & 0x7FFFu) << 13, e = o & 0x0F800000u;
-    uint32_t normal = o + (112u << 23), special = o + (224u << 23);
-    uint32_t sub = bits_from_f32(f32_from_bits(o + (113u << 23)) - f32_from_bits(113u << 23));
-    uint32_t mag = pick(e == 0x0F800000u, special, pick(e == 0, sub, normal));
-    return mag | ((h & 0x8000u) << 16);
-}
-
 /* binary32 -> BF16 RNE; inf/NaN pass through with their top bits, NaN with the quiet bit. */
 static inline uint32_t w_f32_to_bf16(uint32_t w) {
     uint32_t nonfinite = (w & 0x7F800000u) == 0x7F800000u;

@@ -69,7 +69,14 @@ from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
 from .errors import EncodeError, UsageError
 from .formats import MAXABS_F16_RECIP_RNE_V1, lookup_format
-from .fused import BlockHook, Digest, encode_pack_grouped, equals_packed_grouped
+from .fused import (
+    BlockHook,
+    Digest,
+    PlaneSink,
+    encode_pack_grouped,
+    encode_pack_torch,
+    equals_packed_grouped,
+)
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
 from .readahead import ReadAheadWindow
@@ -446,17 +453,23 @@ def derive_packed(
     seed: int = 0,
     on_block: BlockHook | None = None,
     out: list[npt.NDArray[np.uint8]] | None = None,
+    sink: PlaneSink | None = None,
 ) -> PackedTensor:
     """Derive one plan entry and pack it with its registered layout.
 
     Grouped tensors on the host take the fused row-block path (same bytes as
     :func:`derive_logical` followed by ``pack``, proven by tests/test_fused.py); ``on_block``
-    sees each encoded block there.  Direct formats stream block by block
-    (:func:`~.recipe.materialize.stream_direct`).  On CUDA a sample of rows is re-encoded on
-    the host.  ``out`` (optional): writable planes of the layout's sizes, filled in place and
-    returned as the planes (convert passes the tensor's reserved slice of the output file, so
-    the grouped and direct paths hold one block, never a plane).
+    sees each encoded block there. Direct formats stream block by block
+    (:func:`~.recipe.materialize.stream_direct`). On CUDA a sample of rows is re-encoded on the
+    host; with ``out`` the CUDA path streams row blocks too (:func:`_packed_torch`, four
+    spot-checked rows per block). ``out`` (optional): writable planes of the layout's sizes,
+    filled in place and returned as the planes (convert passes the tensor's reserved slice of
+    the output file, so the grouped and direct paths hold one block, never a plane). ``sink``
+    (optional, with ``out``): the bytes go to ``sink.write`` instead, and ``out`` is only
+    returned (convert's ``pwrite`` into the reserved bytes; see :class:`~.fused.PlaneSink`).
     """
+    if sink is not None and out is None:
+        raise ValueError("a sink needs the out planes it writes")
     fmt = lookup_format(entry.format)
     host_only = entry.encoder_profile not in (None, MAXABS_F16_RECIP_RNE_V1)
     if fmt.is_grouped and (device == "cpu" or host_only):
@@ -464,16 +477,24 @@ def derive_packed(
         planes = encode_pack_grouped(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block, out=out,
-            profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
+            profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1, sink=sink,
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
+    if fmt.is_grouped and device == "cuda" and out is not None:
+        return _packed_torch(entry, source, "cuda", out, sink, seed, on_block)
     if out is not None and (streams_directly(entry) or entry.copy is not None):
         streamed_digests, blocks = plane_stream(entry, source)
         pos = [0] * len(out)
+        sizes = [int(p.size) for p in out]
         for i, data in blocks():
-            out[i][pos[i] : pos[i] + data.size] = data
+            if pos[i] + data.size > sizes[i]:
+                raise ValueError("the out planes do not have the layout's sizes")
+            if sink is not None:
+                sink.write(i, pos[i], data)
+            else:
+                out[i][pos[i] : pos[i] + data.size] = data
             pos[i] += data.size
-        if pos != [int(p.size) for p in out]:
+        if pos != sizes:
             raise ValueError("the out planes do not have the layout's sizes")
         return PackedTensor(entry, out, dict(streamed_digests), None, None)
     derived = derive_logical(entry, source, device=device, threads=threads)
@@ -491,12 +512,44 @@ def derive_packed(
     layout = lookup_layout(fmt.layout)
     planes = [np.asarray(p) for p in layout.pack(entry.format, derived.logical)]
     if out is not None:  # copy paths and CUDA: packed whole, then stored in place
-        for dst, plane in zip(out, planes, strict=True):
-            dst[...] = plane.reshape(-1).view(np.uint8)
+        for i, (dst, plane) in enumerate(zip(out, planes, strict=True)):
+            if sink is not None:
+                sink.write(i, 0, plane.reshape(-1).view(np.uint8))
+            else:
+                dst[...] = plane.reshape(-1).view(np.uint8)
         planes = out
     return PackedTensor(
         entry, planes, dict(derived.source_digests), derived.logical, derived.encode_input, spot
     )
+
+
+def _packed_torch(
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    device: str,
+    out: list[npt.NDArray[np.uint8]],
+    sink: PlaneSink | None,
+    seed: int,
+    on_block: BlockHook | None = None,
+) -> PackedTensor:
+    """A grouped entry encoded by the torch backend on ``device`` a row block at a time
+    (:func:`~.fused.encode_pack_torch`) into ``out``/``sink``; a few random rows of every
+    block are re-encoded on the host (:func:`~.encoder.parity.spot_check_rows`) before the
+    block is stored.  ``device="cpu"`` runs the same code (tests)."""
+    enc, source_digests = _grouped_input(entry, source)
+    checked = 0
+
+    def spot(r0: int, r1: int, words: Any, codes: Any, scales: Any, sums: Any) -> None:
+        nonlocal checked
+        checked += spot_check_rows(np.asarray(words), enc.source_dtype, entry.format,
+                                   GroupedCodes(codes, scales), tensor=entry.output,
+                                   seed=seed + r0)  # fmt: skip
+        if on_block is not None:
+            on_block(r0, r1, words, codes, scales, sums)
+
+    planes = encode_pack_torch(enc.words, enc.source_dtype, entry.format, device=device,
+                               out=out, sink=sink, tensor=entry.output, on_block=spot)  # fmt: skip
+    return PackedTensor(entry, planes, source_digests, None, enc, checked)
 
 
 def host_grouped_equals(
@@ -698,7 +751,7 @@ def convert_checkpoint(
                                      provenance=provenance_of(entry))  # fmt: skip
                 reserved[entry.output] = res
                 return pool.submit(_guarded, cancel, started, entry, src, used_device, jobs, seed,
-                                   res.planes)  # fmt: skip
+                                   res.planes, res.sink)  # fmt: skip
 
             try:
                 for entry, fut in _bounded(plan.entries, submit, budget):
@@ -757,8 +810,11 @@ def _guarded(
     threads: int,
     seed: int,
     out: list[npt.NDArray[np.uint8]],
+    sink: PlaneSink,
 ) -> PackedTensor:
     if cancel.is_set():
         raise EncodeError("conversion cancelled", tensor=entry.output)
     started()
-    return derive_packed(entry, source, device=device, threads=threads, seed=seed, out=out)
+    return derive_packed(
+        entry, source, device=device, threads=threads, seed=seed, out=out, sink=sink
+    )

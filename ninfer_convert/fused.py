@@ -42,7 +42,9 @@ __all__ = [
     "BLOCK_ELEMENTS",
     "BlockHook",
     "Digest",
+    "PlaneSink",
     "encode_pack_grouped",
+    "encode_pack_torch",
     "equals_packed_grouped",
 ]
 
@@ -72,6 +74,15 @@ BlockHook = Callable[
 block; the sums come from the C kernel's pass, or are ``None`` when the numpy kernel ran."""
 
 
+class PlaneSink(Protocol):
+    """Where a worker stores a tensor's planes: ``write(plane, offset, data)`` puts ``data``
+    at byte ``offset`` of plane number ``plane``; callable from several threads at once, for
+    disjoint ranges (the writer's :attr:`~.container.writer.Reservation.sink`: a ``pwrite``
+    into the reserved bytes of the output file)."""
+
+    def write(self, plane: int, offset: int, data: npt.NDArray[np.uint8], /) -> None: ...
+
+
 def encode_pack_grouped(
     words: Words,
     source_dtype: str,
@@ -84,18 +95,78 @@ def encode_pack_grouped(
     kernel: str = "native",
     out: list[npt.NDArray[np.uint8]] | None = None,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
+    sink: PlaneSink | None = None,
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics.
-    ``out`` (optional): writable planes of the layout's sizes to pack into (convert passes
-    the tensor's reserved slice of the output file, so no plane is held in memory)."""
+    ``out`` (optional): planes of the layout's sizes to pack into, returned as the planes.
+    ``sink`` (optional, with ``out``): each packed block goes to ``sink.write`` instead of
+    into ``out``, which is then not written at all (convert passes the tensor's reserved
+    bytes of the output file as both: ``out`` read-only views, ``sink`` a ``pwrite`` there,
+    so no plane is held in memory and no mapped page is written)."""
     specs, strides = _plane_geometry(words, source_dtype, fmt_name)
     if out is not None and [int(p.size) for p in out] != [spec.nbytes for spec in specs]:
         raise ValueError("out planes do not have the layout's sizes")
+    if sink is not None and out is None:
+        raise ValueError("a sink needs the out planes it writes")
     planes = out if out is not None else [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
-                chunk_elements, on_block, kernel, profile)  # fmt: skip
+                chunk_elements, on_block, kernel, profile, sink)  # fmt: skip
     return planes
+
+
+TORCH_BLOCK_ELEMENTS = 1 << 24
+"""Source values per row block on the torch path: each block is one ``encode_torch`` call (its
+own chunk pipeline: on CUDA pinned buffers of a few chunks) whose codes and scales are packed
+and stored before the next block starts, so host memory follows the block, not the tensor."""
+
+
+def encode_pack_torch(
+    words: Words,
+    source_dtype: str,
+    fmt_name: str,
+    *,
+    device: str,
+    out: list[npt.NDArray[np.uint8]],
+    sink: PlaneSink | None = None,
+    tensor: str | None = None,
+    block_elements: int = TORCH_BLOCK_ELEMENTS,
+    chunk_elements: int | None = None,
+    on_block: BlockHook | None = None,
+) -> list[npt.NDArray[np.uint8]]:
+    """The planes :func:`encode_pack_grouped` gives, encoded by the torch backend on ``device``
+    (``"cuda"`` in convert; ``"cpu"`` runs the same code in CI) one row block at a time and
+    packed into ``out`` (or handed to ``sink.write``, as there).  ``on_block`` sees each block
+    (sums ``None``), e.g. to spot-check rows on the host.  Errors name tensor rows."""
+    from .encoder.torch_backend import encode_torch
+
+    specs, strides = _plane_geometry(words, source_dtype, fmt_name)
+    if [int(p.size) for p in out] != [spec.nbytes for spec in specs]:
+        raise ValueError("out planes do not have the layout's sizes")
+    fmt = grouped_format(fmt_name)
+    layout = lookup_layout(fmt.layout)
+    assert isinstance(layout, RowSplitK128)
+    n, k = words.shape
+    rows = max(1, block_elements // k)
+    scratch = [np.empty(rows * st, dtype=np.uint8) for st in strides] if sink is not None else []
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        block_words = np.asarray(words[r0:r1])
+        enc = encode_torch(block_words, source_dtype, fmt, device=device, tensor=tensor,
+                           chunk_elements=chunk_elements, row0=r0)  # fmt: skip
+        _raise_invalid(fmt, enc.codes, enc.scales, tensor)
+        if on_block is not None:
+            on_block(r0, r1, block_words, enc.codes, enc.scales, None)
+        if sink is None:
+            parts = [p[r0 * st : r1 * st] for p, st in zip(out, strides, strict=True)]
+        else:
+            parts = [b[: (r1 - r0) * st] for b, st in zip(scratch, strides, strict=True)]
+        for part, new in zip(parts, layout.pack(fmt, enc), strict=True):
+            part[...] = np.asarray(new).reshape(-1).view(np.uint8)
+        if sink is not None:
+            for i, (part, st) in enumerate(zip(parts, strides, strict=True)):
+                sink.write(i, r0 * st, part)
+    return out
 
 
 class Digest(Protocol):
@@ -179,10 +250,13 @@ def _run_blocks(
     on_block: BlockHook | None,
     kernel: str,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
+    sink: PlaneSink | None = None,
 ) -> bool:
     """Encode, check and pack ``words`` one row block at a time, writing each block's rows of
-    every plane into ``planes`` or, with ``compare``, comparing them with ``planes``; ``after``
-    is told each finished block.  Returns False when a comparison found a difference."""
+    every plane into ``planes`` (or, with ``sink``, packing them into per-thread scratch and
+    handing that to ``sink.write``) or, with ``compare``, comparing them with ``planes``;
+    ``after`` is told each finished block.  Returns False when a comparison found a
+    difference."""
     fmt = grouped_format(fmt_name)
     assert fmt.group_size is not None
     n, k = words.shape
@@ -195,6 +269,15 @@ def _run_blocks(
     n_groups = -(-k // fmt.group_size)
     rows = max(1, chunk_elements // k)
     differs = threading.Event()
+    scratch = threading.local()  # per-thread packed rows of one block, reused (with a sink)
+
+    def targets(r0: int, r1: int) -> list[npt.NDArray[np.uint8]]:
+        if sink is None:
+            return [p[r0 * st : r1 * st] for p, st in zip(planes, strides, strict=True)]
+        bufs: list[npt.NDArray[np.uint8]] | None = getattr(scratch, "bufs", None)
+        if bufs is None:
+            bufs = scratch.bufs = [np.empty(rows * st, dtype=np.uint8) for st in strides]
+        return [b[: (r1 - r0) * st] for b, st in zip(bufs, strides, strict=True)]
 
     def block(r0: int) -> None:
         r1 = min(n, r0 + rows)
@@ -207,7 +290,7 @@ def _run_blocks(
         )  # fmt: skip
         if on_block is not None:
             on_block(r0, r1, block_words, codes, scales, sums)
-        parts = [p[r0 * st : r1 * st] for p, st in zip(planes, strides, strict=True)]
+        parts = targets(r0, r1)
         if native_pack:  # checks the values, then packs or compares, without the GIL
             result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)
             if result is BlockResult.INVALID:  # pragma: no cover - the encoder cannot emit these
@@ -223,6 +306,9 @@ def _run_blocks(
                     part[...] = new
                 elif not np.array_equal(part, new):
                     differs.set()
+        if sink is not None:
+            for i, (part, st) in enumerate(zip(parts, strides, strict=True)):
+                sink.write(i, r0 * st, part)
         if after is not None:
             after(r0, r1)
 

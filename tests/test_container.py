@@ -476,16 +476,19 @@ def test_add_packed(tmp_path: Path) -> None:
         assert logical_equal(art.read("w"), logical)
 
 
+@pytest.mark.parametrize("via", ["planes", "sink"])
 @pytest.mark.parametrize("max_shard_size", [None, 600 << 10])
 def test_reserved_tensors_give_the_bytes_of_add_packed(
-    tmp_path: Path, max_shard_size: int | None
+    tmp_path: Path, max_shard_size: int | None, via: str
 ) -> None:
     """Reserve in order, fill the planes in any order (mapped file pages for large tensors,
-    process memory for small ones), complete in order: byte-identical files to add_packed."""
+    process memory for small ones), directly or in pieces through ``res.sink`` (a ``pwrite``
+    into the reserved bytes), complete in order: byte-identical files to add_packed."""
     tensors = [
         ("a", "W8G32_F16S", (3, 70)),  # small: inline
         ("b", "BF16", (512, 512)),  # 512 KiB: mapped
-        ("c", "Q4G64_F16S", (300, 1024)),  # mapped, several planes
+        ("c", "Q4G64_F16S", (300, 1024)),  # 160 KiB: inline, several planes
+        ("f", "Q4G64_F16S", (640, 1024)),  # 340 KiB: mapped, several planes
         ("d", "FP32", (0, 5)),  # empty
         ("e", "I32", (7,)),
     ]
@@ -511,13 +514,33 @@ def test_reserved_tensors_give_the_bytes_of_add_packed(
             with pytest.raises(UsageError, match="in the order"):
                 w.complete(held[1])
             for res in reversed(held):  # filled in any order
-                for dst, src in zip(res.planes, packed[res.name], strict=True):
-                    dst[...] = np.asarray(src).reshape(-1).view(np.uint8)
+                for i, (dst, src) in enumerate(zip(res.planes, packed[res.name], strict=True)):
+                    data = np.asarray(src).reshape(-1).view(np.uint8)
+                    if via == "planes":
+                        dst[...] = data
+                        continue
+                    cut = data.size // 3  # two pieces, the later one first
+                    res.sink.write(i, cut, data[cut:])
+                    res.sink.write(i, 0, data[:cut])
             for res in held:
                 w.complete(res)
         return out
 
     assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
+@pytest.mark.parametrize("shape", [(3, 70), (640, 1024)])  # inline, mapped
+def test_reservation_sink_refuses_bytes_outside_a_plane(
+    tmp_path: Path, shape: tuple[int, int]
+) -> None:
+    with ArtifactWriter(tmp_path / "m", metadata=META) as w:
+        res = w.reserve("w", "Q4G64_F16S", shape, role="r", provenance=provenance("Q4G64_F16S"))
+        size = int(res.planes[1].size)
+        with pytest.raises(ValueError, match="outside plane 1"):
+            res.sink.write(1, size - 1, np.zeros(2, np.uint8))
+        with pytest.raises(ValueError, match="outside plane 0"):
+            res.sink.write(0, -1, np.zeros(1, np.uint8))
+        w.abort()
 
 
 def test_small_reserved_tensors_reach_the_file_in_few_writes(

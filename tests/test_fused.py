@@ -42,6 +42,35 @@ def test_fused_planes_equal_encode_then_pack(
         assert a.tobytes() == np.asarray(b).tobytes(), f"plane {i}"
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_blocks_go_to_the_sink_and_never_into_the_out_planes(kernel: str) -> None:
+    """With a sink (convert's pwrite into the reserved file bytes) the out planes are only
+    sized and returned: read-only views work, and the sink receives exactly the packed planes,
+    each byte once."""
+    n, k = 37, 384
+    x = np.random.default_rng(5).standard_normal((n, k)).astype(np.float32)
+    words = (x.view(np.uint32) >> 16).astype(np.uint16)
+    fmt = "Q5G64_F16S"
+    want = encode_pack_grouped(words, "BF16", fmt, threads=1)
+    got = [np.zeros_like(p) for p in want]
+    seen = [np.zeros(p.size, dtype=np.int64) for p in want]
+    out = [np.zeros_like(p) for p in want]
+    for plane in out:
+        plane.flags.writeable = False
+
+    class Recording:
+        def write(self, plane: int, offset: int, data: np.ndarray, /) -> None:
+            got[plane][offset : offset + data.size] = data
+            seen[plane][offset : offset + data.size] += 1
+
+    planes = encode_pack_grouped(words, "BF16", fmt, threads=2, chunk_elements=5 * k,
+                                 kernel=kernel, out=out, sink=Recording())  # fmt: skip
+    assert planes is out and all(not p.any() for p in out)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.tobytes() == b.tobytes(), f"plane {i}"
+        assert (seen[i] == 1).all(), f"plane {i}"
+
+
 def test_fused_path_reports_the_global_row_of_a_non_finite_value() -> None:
     words = np.full((50, 64), 0x3F80, dtype=np.uint16)
     words[41, 9] = 0xFF80  # BF16 -inf

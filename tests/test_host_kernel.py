@@ -153,3 +153,33 @@ def test_native_error_sums_agree_with_a_binary64_reference(
     # lose precision; binary32 lanes summed over at most 64 steps stay within 4e-6 relative.
     assert sums[1] == pytest.approx(float((e64 * e64).sum()), rel=5e-6, abs=0.0)
     assert sums[2] == pytest.approx(float((x64 * x64).sum()), rel=5e-6, abs=0.0)
+
+
+@pytest.mark.parametrize("fmt", ["Q4G64_F16S", "W8G32_F16S"])
+@SUMS
+def test_binary16_source_encodes_every_finite_word_as_its_binary32_value(
+    fmt: str, with_sums: bool
+) -> None:
+    """The kernel widens binary16 rows itself (source 2, by F16C where the CPU has it): every
+    finite binary16 word, in two orders and row lengths (so each group's maximum differs),
+    encodes exactly as its binary32 value does on
+    the kernel's binary32 path (itself held to the oracle above), codes and scales."""
+    words = np.arange(0x10000, dtype=np.uint32).astype(np.uint16)
+    finite = words[(words & 0x7C00) != 0x7C00]  # 63,488 words
+    # Rows of 512 take the kernel's vector widening only; rows of 31 its scalar tail too.
+    for order, k in ((finite, 512), (np.random.default_rng(1).permutation(finite), 31)):
+        block = order.reshape(-1, k)
+        wide = block.view(np.float16).astype(np.float32).view(np.uint32)
+        got = _native(block, "F16", fmt, with_sums=with_sums)
+        want = _native(wide, "F32", fmt, with_sums=with_sums)
+        assert got.codes.tobytes() == want.codes.tobytes()
+        assert got.scales.tobytes() == want.scales.tobytes()
+
+
+def test_binary16_source_refuses_each_non_finite_word_at_its_column() -> None:
+    for word in (0x7C00, 0xFC00, 0x7C01, 0x7E00, 0xFFFF):
+        block = np.full((3, 200), 0x3C00, dtype=np.uint16)
+        block[2, 131] = word
+        with pytest.raises(EncodeError, match="row 2") as info:
+            _native(block, "F16", "Q4G64_F16S", tensor="t")
+        assert "131" in str(info.value)

@@ -135,8 +135,11 @@ def test_kernel_sizes_that_overflow_are_refused_not_wrapped(n: int, k: int, grou
 
 @native
 def test_kernel_refuses_bad_shapes_and_sources() -> None:
-    why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16) or 1 (binary32)"
-    for args in ((2, 1, 64, 64), (0, -1, 64, 64), (0, 1, 0, 64), (0, 1, 64, 0)):
+    why = (
+        "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16), 1 (binary32) "
+        "or 2 (binary16)"
+    )
+    for args in ((3, 1, 64, 64), (-1, 1, 64, 64), (0, -1, 64, 64), (0, 1, 0, 64), (0, 1, 64, 0)):
         assert _call(*args, -8, 7) == why
     assert _call(0, 2, 64, 64, -8, 7).startswith("encode_rows: inconsistent buffer sizes")
 

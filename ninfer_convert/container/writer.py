@@ -10,9 +10,11 @@ Contract:
   packed elsewhere (a worker thread).  Tensors are stored in the order they are added; the
   caller adds them in a deterministic order, and the same calls give byte-identical files.
 * ``reserve`` places the next tensor before its bytes exist (same checks, offsets and shard
-  choice as ``add_packed``) and returns writable planes over its final bytes: mapped file pages,
-  or process memory for tensors of at most 256 KiB; ``complete`` records reservations in the
-  order they were made, checking the padding and digesting the stored bytes.  The file bytes
+  choice as ``add_packed``) and returns planes over its final bytes (mapped file pages, or
+  process memory for tensors of at most 256 KiB) and a ``sink`` that stores bytes there from
+  any thread (a ``pwrite`` into the reserved, ``posix_fallocate``'d blocks); ``complete``
+  records reservations in the order they were made, checking the padding and digesting the
+  stored bytes.  The file bytes
   equal those of ``add_packed`` with the same planes (tests compare them).  ``add`` and
   ``add_packed`` are refused while a reservation is pending, and so is ``commit``.
 * ``add_file`` copies a side file (config.json, tokenizer files) into the model directory.
@@ -264,12 +266,54 @@ class _Shard:
     written_back: int = 0  # bytes [0, written_back) were handed to the kernel's writeback
 
 
+class _PlaneSink:
+    """:attr:`Reservation.sink`: stores bytes at an offset of one of a tensor's planes, with a
+    bounds check; thread-safe for disjoint ranges.  ``fd`` given: a ``pwrite`` into the
+    reserved (``posix_fallocate``'d) bytes of the shard file; else a copy into ``planes``
+    (process memory)."""
+
+    def __init__(
+        self,
+        planes: Sequence[np.ndarray[Any, np.dtype[np.uint8]]],
+        offsets: Sequence[int],
+        fd: int | None,
+    ) -> None:
+        self._sizes = [int(p.size) for p in planes]
+        self._planes = planes if fd is None else ()  # the file's mapping is not written
+        self._offsets = offsets
+        self.fd = fd
+
+    def write(self, plane: int, offset: int, data: np.ndarray[Any, np.dtype[np.uint8]], /) -> None:
+        n = int(data.size)
+        if offset < 0 or offset + n > self._sizes[plane]:
+            raise ValueError(f"bytes [{offset}, {offset + n}) lie outside plane {plane}")
+        if self.fd is None:
+            self._planes[plane][offset : offset + n] = data.reshape(-1)
+            return
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+        at = self._offsets[plane] + offset
+        done = 0
+        while done < n:
+            done += os.pwrite(self.fd, view[done:], at + done)
+
+    def close(self) -> None:
+        self._planes = ()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 @dataclass(eq=False)
 class Reservation:
     """A tensor's place in the current shard, fixed before any of its bytes exist: ``planes``
-    are writable byte arrays mapped onto the staging file at the planes' final offsets (file
-    pages, not process memory).  Fill them (from any thread), then hand the reservation to
-    :meth:`ArtifactWriter.complete`, in the order the reservations were made."""
+    are byte arrays over the staging file at the planes' final offsets (file pages, not
+    process memory).  Fill them through :attr:`sink` (``sink.write(plane, offset, data)``,
+    from any thread) or by writing into ``planes``, then hand the reservation to
+    :meth:`ArtifactWriter.complete`, in the order the reservations were made.
+
+    Why a sink: storing into mapped pages of freshly allocated file blocks costs a fault and
+    a zeroed page per page before the bytes are copied in; ``pwrite`` copies once, and was
+    several times faster (docs/performance.md, issue 12: "Convert regression")."""
 
     name: str
     fmt_name: str
@@ -285,10 +329,12 @@ class Reservation:
     """Planes in process memory (small tensors), written to the file by ``complete``."""
     specs: Sequence[PlaneSpec] = ()
     physical: tuple[int, ...] = ()
+    sink: _PlaneSink = field(default_factory=lambda: _PlaneSink((), (), None))
 
     def release(self) -> None:
-        """Unmap the planes (the caller must not use them afterwards)."""
+        """Unmap the planes and close the sink (the caller must not use them afterwards)."""
         self.planes = []
+        self.sink.close()
         if self._map is not None:
             with contextlib.suppress(BufferError):  # a view still held: unmapped when dropped
                 self._map.close()
@@ -571,12 +617,13 @@ class ArtifactWriter:
         start = shard.cursor - shard.cursor % mmap.ALLOCATIONGRANULARITY
         planes: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         mapped: mmap.mmap | None = None
+        fd: int | None = None
         inline = sum(spec.nbytes for spec in specs) <= _INLINE_BYTES
         if inline:  # small: process memory, written at its offsets by complete()
             planes = [np.zeros(spec.nbytes, dtype=np.uint8) for spec in specs]
         elif end > shard.cursor:
             try:
-                mapped = self._map_region(shard, start, end)
+                fd, mapped = self._map_region(shard, start, end)
             except OSError as exc:
                 self.abort()  # a full disk gets its space back at once
                 raise self._resource(
@@ -591,15 +638,17 @@ class ArtifactWriter:
         handle.seek(end)
         shard.cursor = end
         res = Reservation(name, fmt_name, dims, role, prov, shard, offsets, planes, end, mapped,
-                          inline, specs, physical)  # fmt: skip
+                          inline, specs, physical, _PlaneSink(planes, offsets, fd))  # fmt: skip
         self._reserved.append(res)
         return res
 
     @staticmethod
-    def _map_region(shard: _Shard, start: int, end: int) -> mmap.mmap:
-        """Extend the shard to ``end`` and map [start, end) writable.  The blocks of the new
+    def _map_region(shard: _Shard, start: int, end: int) -> tuple[int, mmap.mmap]:
+        """Extend the shard to ``end`` and map [start, end) writable; returns the descriptor
+        the sink writes through (the caller closes it) and the mapping.  The blocks of the new
         bytes are allocated first (``posix_fallocate``), so a full disk is an ``OSError`` here,
-        not a SIGBUS when a worker writes a mapped page; the bytes read as zeros either way."""
+        not a SIGBUS when a mapped page is written or a short ``pwrite`` later; the bytes read
+        as zeros either way."""
         assert shard.handle is not None
         fd = os.open(shard.path, os.O_RDWR)
         try:
@@ -607,9 +656,10 @@ class ArtifactWriter:
                 os.posix_fallocate(fd, shard.cursor, end - shard.cursor)
             else:  # pragma: no cover - platforms without it: a sparse extension
                 os.ftruncate(fd, end)
-            return mmap.mmap(fd, end - start, offset=start)
-        finally:
+            return fd, mmap.mmap(fd, end - start, offset=start)
+        except BaseException:
             os.close(fd)
+            raise
 
     def complete(self, res: Reservation) -> WrittenTensor:
         """Record a filled reservation (the oldest one not completed): its padding is checked

@@ -26,15 +26,37 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .torch_backend import words_to_torch_f32
-
-__all__ = ["ChunkStager", "CudaStager", "HostStager", "Source", "host_words", "rows_f32"]
+__all__ = [
+    "ChunkStager",
+    "CudaStager",
+    "HostStager",
+    "Source",
+    "host_words",
+    "rows_f32",
+    "words_to_torch_f32",
+]
 
 Source = torch.Tensor | npt.NDArray[np.generic]
 """What ``encode_torch`` accepts: a numpy array of source words or a torch tensor of values."""
 
 _TORCH_WORD = {"BF16": torch.int16, "F16": torch.int16, "F32": torch.int32}
 _WIDE_FROM = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def words_to_torch_f32(
+    words: npt.NDArray[np.generic], source_dtype: str, device: torch.device
+) -> torch.Tensor:
+    """Upload source words and widen them exactly to float32 on ``device``."""
+    arr = np.ascontiguousarray(words)
+    if not arr.flags.writeable:  # a read-only mapping: torch wants writable memory (a block)
+        arr = arr.copy()
+    if source_dtype == "BF16":
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    elif source_dtype == "F16":
+        t = torch.from_numpy(arr.view(np.float16))
+    else:
+        t = torch.from_numpy(arr.view(np.float32))
+    return t.to(device=device, non_blocking=True).float()
 
 
 def rows_f32(

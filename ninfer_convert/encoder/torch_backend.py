@@ -56,23 +56,10 @@ from .common import nonfinite_error, overflow_error
 if TYPE_CHECKING:
     from .staging import ChunkStager
 
-__all__ = ["encode_mse_torch", "encode_torch", "words_to_torch_f32"]
+__all__ = ["encode_mse_torch", "encode_torch"]
 
 CHUNK_ELEMENTS_CPU = 1 << 18
 CHUNK_ELEMENTS_CUDA = 1 << 26
-
-
-def words_to_torch_f32(words: npt.NDArray[np.generic], source_dtype: str, device: Any) -> Any:
-    """Upload source words and widen them exactly to float32 on ``device``."""
-    import torch
-
-    if source_dtype == "BF16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.int16)).view(torch.bfloat16)
-    elif source_dtype == "F16":
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float16))
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(words).view(np.float32))
-    return t.to(device=device, non_blocking=True).float()
 
 
 def _encode_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any, Any]:
@@ -135,8 +122,10 @@ def encode_torch(
     device: Any = None,
     tensor: str | None = None,
     chunk_elements: int | None = None,
+    row0: int = 0,
 ) -> GroupedCodes:
-    """Encode a numpy word array (or a torch tensor) on ``device`` (default: CPU).
+    """Encode a numpy word array (or a torch tensor) on ``device`` (default: CPU); ``row0``
+    (the tensor row of ``values``' first row, for a row block) is added to reported rows.
 
     Rows are encoded in chunks of about ``chunk_elements`` values (default
     ``CHUNK_ELEMENTS_CUDA`` on CUDA, ``CHUNK_ELEMENTS_CPU`` elsewhere), pipelined through a
@@ -161,7 +150,7 @@ def encode_torch(
     def collect(slot: int, r0: int, r1: int) -> None:
         if stager.collect(slot, codes[r0:r1], scales[r0:r1]):
             stager.drain()  # the recomputation below runs unstaged on the compute stream
-            _raise_chunk_error(values, r0, r1, source_dtype, fmt, dev, tensor)
+            _raise_chunk_error(values, r0, r1, source_dtype, fmt, dev, tensor, row0)
 
     try:
         stager.upload(0, *bounds[0])
@@ -193,6 +182,7 @@ def _raise_chunk_error(
     fmt: NumericFormat,
     dev: Any,
     tensor: str | None,
+    row0: int = 0,
 ) -> None:
     """Re-encode a flagged chunk unstaged and raise the error the unpipelined encoder raised.
 
@@ -214,14 +204,14 @@ def _raise_chunk_error(
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
         r, c = divmod(flat, k)
         word = _source_word(values, r0 + r, c, source_dtype)
-        raise nonfinite_error(tensor, r0 + r, c // fmt.group_size, c, word, source_dtype)
+        raise nonfinite_error(tensor, row0 + r0 + r, c // fmt.group_size, c, word, source_dtype)
     overflow = bits == 0x7C00
     if bool(overflow.any()):
         r, grp = (int(i) for i in torch.nonzero(overflow)[0])
-        raise overflow_error(tensor, r0 + r, grp, float(raw[r, grp]))
+        raise overflow_error(tensor, row0 + r0 + r, grp, float(raw[r, grp]))
     raise EncodeError(
-        f"rows {r0}..{r1 - 1} were flagged as non-finite or overflowing on {dev}, but "
-        "re-encoding them found neither",
+        f"rows {row0 + r0}..{row0 + r1 - 1} were flagged as non-finite or overflowing on "
+        f"{dev}, but re-encoding them found neither",
         tensor=tensor,
         rule="spec Section 7",
         hint="the device gave different results for the same chunk; convert with --device cpu "
@@ -346,6 +336,7 @@ def encode_mse_torch(
 
     from .mse_search import CHUNK_ELEMENTS as NUMPY_PIECE
     from .mse_search import encode_rows_mse
+    from .staging import words_to_torch_f32
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
     assert fmt.group_size is not None
