@@ -6,6 +6,12 @@ each naming the tensor, row, group/column and the offending word; an empty list 
 ``validate_logical`` raises the first problem.  Checks are vectorised; only the first offender
 of each kind is described, with the total count, so a corrupt 100 M-element tensor still gives a
 short, exact report.
+
+The value rules themselves are the small predicates below (``nvfp4_divisor_ok``,
+``nvfp4_scale_invalid``, ``fp8_code_invalid``, ``bf16_row_scale_invalid``,
+``zero_row_nonzero``): each rule is written once, here, and the copy paths
+(:mod:`.recipe.copy_paths`) call the same predicates when they refuse a source, wording the
+refusal for the source tensor.
 """
 
 from __future__ import annotations
@@ -19,12 +25,55 @@ from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP
 from .words import e4m3fn_is_nan
 
 __all__ = [
+    "bf16_row_scale_invalid",
+    "fp8_code_invalid",
     "fp8_row_problems",
     "grouped_problems",
     "logical_problems",
+    "nvfp4_divisor_ok",
     "nvfp4_problems",
+    "nvfp4_scale_invalid",
     "validate_logical",
+    "zero_row_nonzero",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The value rules (spec Sections 3.3 and 3.4), one predicate each
+
+
+def nvfp4_divisor_ok(word: int) -> bool:
+    """Section 3.3: the NVFP4 weight divisor d_w is a finite, strictly positive binary32 word
+    (a ModelOpt multiplier, whose reciprocal becomes d_w, is held to the same rule)."""
+    d = word & 0xFFFFFFFF
+    return not (d >> 31) and ((d >> 23) & 0xFF) != 0xFF and d != 0
+
+
+def nvfp4_scale_invalid(scales: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Section 3.3: True where an E4M3FN block scale is not a sign-zero finite word (+0 is
+    valid; -0, negatives and NaN are not)."""
+    return np.asarray(((scales & 0x80) != 0) | e4m3fn_is_nan(scales))
+
+
+def fp8_code_invalid(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Section 3.4: True where an E4M3FN weight code is NaN (0x7f, 0xff)."""
+    return e4m3fn_is_nan(codes)
+
+
+def bf16_row_scale_invalid(scales: npt.NDArray[np.uint16]) -> npt.NDArray[np.bool_]:
+    """Section 3.4: True where a BF16 row scale is not +0 or finite positive."""
+    return np.asarray(((scales & 0x8000) != 0) | ((scales & 0x7F80) == 0x7F80))
+
+
+def zero_row_nonzero(
+    codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint16]
+) -> npt.NDArray[np.bool_] | None:
+    """Section 3.4: True where a row whose scale is +0 holds a code other than +-0; None when
+    no row has a +0 scale (the common case, decided without a codes-sized mask)."""
+    zero_rows = scales == 0
+    if not zero_rows.any():
+        return None
+    return np.asarray(((codes & 0x7F) != 0) & zero_rows[:, None])
 
 
 def _report(
@@ -129,21 +178,17 @@ def nvfp4_problems(
             )
         ]
     out += _report(codes > 0x0F, tensor, "column", "is not a 4-bit E2M1 word", codes)
+    invalid = nvfp4_scale_invalid(scales)
+    negative = (scales & 0x80) != 0
     out += _report(
-        (scales & 0x80) != 0, tensor, "group", "is a negative (or -0) E4M3FN block scale", scales
+        invalid & negative, tensor, "group", "is a negative (or -0) E4M3FN block scale", scales
     )
-    out += _report(
-        e4m3fn_is_nan(scales) & ((scales & 0x80) == 0),
-        tensor,
-        "group",
-        "is a NaN E4M3FN block scale",
-        scales,
-    )
-    d = divisor & 0xFFFFFFFF
-    if (d >> 31) or ((d >> 23) & 0xFF) == 0xFF or d == 0:
+    out += _report(invalid & ~negative, tensor, "group", "is a NaN E4M3FN block scale", scales)
+    if not nvfp4_divisor_ok(divisor):
         out.append(
             ValueInvariantError(
-                f"weight divisor d_w word 0x{d:08x} must be finite and strictly positive",
+                f"weight divisor d_w word 0x{divisor & 0xFFFFFFFF:08x} must be finite and "
+                "strictly positive",
                 tensor=tensor,
             )
         )
@@ -163,19 +208,16 @@ def fp8_row_problems(
                 tensor=tensor,
             )
         ]
-    out = _report(e4m3fn_is_nan(codes), tensor, "column", "is a NaN E4M3FN code", codes)
-    bad_scale = ((scales & 0x8000) != 0) | ((scales & 0x7F80) == 0x7F80)
+    out = _report(fp8_code_invalid(codes), tensor, "column", "is a NaN E4M3FN code", codes)
     out += _report(
-        bad_scale,
+        bf16_row_scale_invalid(scales),
         tensor,
         "row",
         "is not a valid BF16 row scale (must be +0 or finite positive)",
         scales,
     )
-    zero_rows = scales == 0
-    if zero_rows.any():
-        nonzero = (codes & 0x7F) != 0
-        bad = nonzero & zero_rows[:, None]
+    bad = zero_row_nonzero(codes, scales)
+    if bad is not None:
         out += _report(
             bad, tensor, "column", "is a non-zero code in a row whose scale is +0", codes
         )

@@ -7,6 +7,7 @@ source words exactly, and the values they represent must equal what the library 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import textwrap
@@ -20,8 +21,8 @@ from safetensors.torch import save_file
 from ninfer_convert.errors import EncodeError
 from ninfer_convert.logical import FP8RowWords, NVFP4Words
 from ninfer_convert.recipe import RecipeProblems, build_plan, loads_recipe, materialize
-from ninfer_convert.recipe.plan import Plan
-from ninfer_convert.source import SourceCheckpoint, open_source
+from ninfer_convert.recipe.plan import Plan, PlanEntry
+from ninfer_convert.source import SourceArray, SourceCheckpoint, open_source
 from ninfer_convert.words import e2m1_to_f32, e4m3fn_to_f32
 
 HEAD = """\
@@ -178,9 +179,9 @@ def test_compressed_tensors_nvfp4_copy(ct_nvfp4: Path) -> None:
         theirs = unpack_fp4_from_uint8(
             torch.from_numpy(np.array(packed)), n, 2 * half, dtype=torch.float32
         ).numpy()
-        assert e2m1_to_f32(value.codes).view(np.uint32).tobytes() == theirs.view(
-            np.uint32
-        ).tobytes()
+        assert (
+            e2m1_to_f32(value.codes).view(np.uint32).tobytes() == theirs.view(np.uint32).tobytes()
+        )
         assert (value.codes == 0x8).any() and (value.codes == 0x0).any()  # both zeros occur
         # block scales and divisor: the source words, untouched
         assert np.array_equal(value.scales, src.read(x + ".weight_scale").words)
@@ -646,3 +647,127 @@ def test_streamed_fp8_copy_refuses_like_the_whole_tensor(tmp_path: Path) -> None
         _stream_planes(entry, src, 3)
     assert "code at row 3, column 2 is E4M3FN NaN" in str(whole.value)
     assert str(streamed.value) == str(whole.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry, and one value rule shared with validate.py
+
+
+def test_copy_paths_are_one_table_of_objects_named_in_the_docs() -> None:
+    from ninfer_convert.formats import FORMATS
+    from ninfer_convert.recipe import copy_paths, tables
+
+    assert tables.COPY_PATHS is copy_paths.COPY_PATHS
+    for name, path in copy_paths.COPY_PATHS.items():
+        assert isinstance(path, copy_paths.CopyPath) and path.name == name
+        assert path.format in FORMATS and path.description
+    doc = (Path(__file__).parent.parent / "docs" / "recipes.md").read_text(encoding="utf-8")
+    table = doc.split("| `copy` | format |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    assert {c.strip().strip("`"): f.strip() for c, f in rows} == {
+        n: p.format for n, p in copy_paths.COPY_PATHS.items()
+    }
+
+
+def _with_words(
+    parts: dict[str, SourceArray], field: str, words: np.ndarray
+) -> dict[str, SourceArray]:
+    return {**parts, field: dataclasses.replace(parts[field], words=words)}
+
+
+def _copy_parts(entry: PlanEntry, src: SourceCheckpoint) -> dict[str, SourceArray]:
+    return {s.field: src.read(s.name) for s in entry.sources}
+
+
+def test_nvfp4_block_scale_rule_is_validates_for_every_word(tmp_path: Path) -> None:
+    from ninfer_convert.recipe.copy_paths import COPY_PATHS
+    from ninfer_convert.validate import nvfp4_problems
+
+    src = _nvfp4(tmp_path / "m")
+    entry = plan(CT_NVFP4_RULE, src).entries[0]
+    path, parts = COPY_PATHS[entry.copy or ""], _copy_parts(entry, src)
+    codes = np.zeros((3, 32), dtype=np.uint8)
+    refused: list[int] = []
+    for word in range(256):
+        scales = np.full((3, 2), 0x38, dtype=np.uint8)
+        scales[2, 1] = word
+        try:
+            path.logical(entry, _with_words(parts, "block-scales", scales))
+        except EncodeError as exc:
+            assert f"group 1 is E4M3FN word 0x{word:02x}" in str(exc)
+            refused.append(word)
+        assert (word in refused) == bool(nvfp4_problems(codes, scales, 0x3F800000)), hex(word)
+    assert len(refused) == 128 + 1  # every sign-set word, and the positive NaN 0x7f
+
+
+DIVISOR_WORDS = [
+    0x00000000, 0x00000001, 0x007FFFFF, 0x00800000, 0x3E000000, 0x3F800000, 0x7F7FFFFF,
+    0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0x80000000, 0x80000001, 0xBF800000,
+    0xFF800000, 0xFFFFFFFF,
+]  # fmt: skip
+
+
+def test_nvfp4_divisor_rule_is_validates_for_both_producers(tmp_path: Path) -> None:
+    """The compressed-tensors divisor and the ModelOpt multiplier are held to the one rule of
+    validate.py (finite, strictly positive binary32); the multiplier must also invert exactly."""
+    from ninfer_convert.recipe.copy_paths import COPY_PATHS
+    from ninfer_convert.validate import nvfp4_problems
+
+    codes, scales = np.zeros((3, 32), dtype=np.uint8), np.full((3, 2), 0x38, dtype=np.uint8)
+    for rules, src in (
+        (CT_NVFP4_RULE, _nvfp4(tmp_path / "ct")),
+        (MODELOPT_RULES, _nvfp4(tmp_path / "mo", modelopt_multiplier=0x3E000000)),
+    ):
+        entry = plan(rules, src).entry("l.weight")
+        path, parts = COPY_PATHS[entry.copy or ""], _copy_parts(entry, src)
+        field = entry.sources[2].field
+        for word in DIVISOR_WORDS:
+            valid = not nvfp4_problems(codes, scales, word)
+            g = np.full(parts[field].words.shape, word, dtype=np.uint32)
+            try:
+                value = path.logical(entry, _with_words(parts, field, g))
+            except EncodeError as exc:
+                assert ("finite and strictly positive" in str(exc)) == (not valid), hex(word)
+                assert valid == ("not exactly representable" in str(exc)), hex(word)
+                continue
+            assert valid, hex(word)
+            assert isinstance(value, NVFP4Words)
+            assert not nvfp4_problems(value.codes, value.scales, value.divisor)
+
+
+def test_fp8_code_and_scale_rules_are_validates_for_every_word(tmp_path: Path) -> None:
+    from ninfer_convert.recipe.copy_paths import COPY_PATHS
+    from ninfer_convert.validate import fp8_row_problems
+
+    src = _fp8(tmp_path / "m", torch.ones(2, 1, dtype=torch.bfloat16))
+    entry = plan(FP8_RULE, src).entries[0]
+    path, parts = COPY_PATHS[entry.copy or ""], _copy_parts(entry, src)
+    for scale in (0x3F80, 0x0000):  # every code word, in a row of scale 1.0 and of scale +0
+        for word in range(256):
+            codes = np.zeros((2, 16), dtype=np.uint8)
+            codes[1, 5] = word
+            scales = np.array([[0x3F80], [scale]], dtype=np.uint16)
+            try:
+                path.logical(
+                    entry, _with_words(_with_words(parts, "codes", codes), "row-scales", scales)
+                )
+                ok = True
+            except EncodeError as exc:
+                assert f"0x{word:02x} at column 5" in str(exc) or "column 5 is E4M3FN NaN" in str(
+                    exc
+                )
+                ok = False
+            assert ok == (not fp8_row_problems(codes, scales.reshape(2))), (scale, word)
+    codes = np.zeros((2, 16), dtype=np.uint8)
+    zeros = _with_words(parts, "codes", codes)
+    refused = 0
+    for word in range(1 << 16):  # every BF16 row-scale word
+        scales = np.array([[0x3F80], [word]], dtype=np.uint16)
+        try:
+            path.logical(entry, _with_words(zeros, "row-scales", scales))
+            ok = True
+        except EncodeError as exc:
+            assert f"the scale of row 1 is BF16 word 0x{word:04x}" in str(exc)
+            ok, refused = False, refused + 1
+        assert ok == (not fp8_row_problems(codes, scales.reshape(2))), hex(word)
+    assert refused == (1 << 15) + (1 << 7)  # every sign-set word; +inf and the positive NaNs

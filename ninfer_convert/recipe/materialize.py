@@ -25,11 +25,9 @@ Rules enforced here (spec Sections 3.1, 3.3, 3.4, 9):
   value that would round to infinity.
 * ``finite-only`` and every grouped format refuse a non-finite value, naming the tensor and the
   row and column (index, for other ranks) of the first one in the output's logical coordinates.
-* Copy paths never requantize: E2M1 codes are unpacked (element 2j from the low nibble), block
-  scales must be non-negative finite E4M3FN words, the FP32 divisor finite and positive; a
-  ModelOpt ``weight_scale_2`` multiplier is accepted only if its reciprocal is exact in binary32;
-  an FP8 row scale must be an exact, non-negative, finite BF16 and a +0-scale row may hold only
-  signed-zero codes; FP8 codes must not be NaN.  Every refusal is an
+* Copy paths never requantize: the NVFP4 and FP8-row entries are read by their copy path
+  object (:mod:`.copy_paths`, which holds those rules and checks them through
+  :mod:`ninfer_convert.validate`).  Every refusal is an
   :class:`~ninfer_convert.errors.EncodeError` that explains why.
 """
 
@@ -39,7 +37,6 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -47,10 +44,11 @@ import numpy.typing as npt
 
 from ..errors import EncodeError, SourceError
 from ..formats import lookup_format
-from ..logical import DirectWords, FP8RowWords, LogicalTensor, NVFP4Words
+from ..logical import DirectWords, LogicalTensor
 from ..native import optional_module
 from ..source import SourceArray, SourceCheckpoint
 from ..words import bf16_to_f32_words, f16_to_f32_words, f32_to_bf16_rne, first_index, int_to_i32
+from .copy_paths import COPY_PATHS, PlaneBlocks
 from .plan import PlanEntry
 from .tables import DIRECT_SAME_SOURCE, FINITE_ONLY, GROUPED_SOURCES
 
@@ -60,6 +58,7 @@ __all__ = [
     "DirectStream",
     "EncodeInput",
     "Materialized",
+    "PlaneBlocks",
     "materialize",
     "nonfinite_mask",
     "stream_copy",
@@ -181,7 +180,7 @@ def materialize(entry: PlanEntry, source: SourceCheckpoint) -> Materialized:
         parts: dict[str, SourceArray] = {
             s.field: a for s, a in zip(entry.sources, arrays, strict=True)
         }
-        value = _copy_nvfp4(entry, parts) if fmt.name == "NVFP4" else _copy_fp8(entry, parts)
+        value = COPY_PATHS[entry.copy].logical(entry, parts)
         return Materialized(entry, value, digests)
 
     dtype = entry.source_dtype
@@ -673,173 +672,6 @@ def stream_direct(
     return DirectStream(entry, digests, word_dtype, blocks)
 
 
-def _refuse(entry: PlanEntry, message: str, hint: str) -> EncodeError:
-    return EncodeError(message, tensor=entry.output, rule=f"at line {entry.rule.line}", hint=hint)
-
-
-def _copy_nvfp4(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> NVFP4Words:
-    packed = np.asarray(parts["packed-codes"].words, dtype=np.uint8)
-    n, half = packed.shape
-    divisor, scales = _nvfp4_divisor_and_scales(entry, parts)
-    # E2M1 unpacking: element 2j is the low nibble, 2j+1 the high nibble of byte j.
-    codes = np.empty((n, 2 * half), dtype=np.uint8)
-    codes[:, 0::2] = packed & np.uint8(0x0F)
-    codes[:, 1::2] = packed >> np.uint8(4)
-    return NVFP4Words(codes=codes, scales=np.ascontiguousarray(scales), divisor=divisor)
-
-
-def _nvfp4_divisor_and_scales(
-    entry: PlanEntry, parts: Mapping[str, SourceArray]
-) -> tuple[int, npt.NDArray[np.uint8]]:
-    """The checked divisor word and block scales of an NVFP4 copy (every E2M1 code is valid)."""
-    scales = np.asarray(parts["block-scales"].words, dtype=np.uint8)
-    if "global-divisor" in parts:
-        g = parts["global-divisor"]
-        divisor = int(np.asarray(g.words, dtype=np.uint32).reshape(-1)[0])
-        if divisor & 0x80000000 or (divisor & 0x7F800000) == 0x7F800000 or divisor == 0:
-            raise _refuse(
-                entry,
-                f"{g.name} = {_f32(divisor)!r} (word 0x{divisor:08x}); the "
-                "NVFP4 weight divisor d_w must be finite and strictly positive",
-                "the source global scale is invalid",
-            )
-    else:
-        g = parts["global-multiplier"]
-        word = int(np.asarray(g.words, dtype=np.uint32).reshape(-1)[0])
-        divisor = _exact_reciprocal(entry, g.name, word)
-
-    # Block scales: sign-zero finite words only (+0 allowed; -0, negatives, NaN refused).
-    bad = ((scales & 0x80) != 0) | ((scales & 0x7F) == 0x7F)
-    if bad.any():
-        r, c = first_index(bad)
-        w = int(scales[r, c])
-        what = "NaN" if (w & 0x7F) == 0x7F else ("negative zero" if w == 0x80 else "negative")
-        raise _refuse(
-            entry,
-            f"{parts['block-scales'].name}: block scale at row {r}, group {c} "
-            f"is E4M3FN word 0x{w:02x} ({what}); NVFP4 block scales must be "
-            "non-negative finite words",
-            "the source block scales are invalid",
-        )
-    return divisor, scales
-
-
-def _exact_reciprocal(entry: PlanEntry, name: str, word: int) -> int:
-    """binary32 word of 1/m for the multiplier word m, if that reciprocal is exact."""
-    value = _f32(word)
-    if word & 0x80000000 or (word & 0x7F800000) == 0x7F800000 or word == 0:
-        raise _refuse(
-            entry,
-            f"{name} = {value!r} (word 0x{word:08x}); the multiplier must be "
-            "finite and strictly positive",
-            "the source weight_scale_2 is invalid",
-        )
-    exact = 1 / Fraction(value)
-    with np.errstate(over="ignore"):  # overflow to inf is caught by the exactness check
-        recip = np.float32(float(exact))  # float() rounds correctly; then checked exactly
-    if not np.isfinite(recip) or Fraction(float(recip)) != exact:
-        raise _refuse(
-            entry,
-            f"{name} = {value!r} (word 0x{word:08x}) is a multiplier, and NVFP4 stores a "
-            f"divisor d_w = 1/{value!r}, which is not exactly representable in binary32 "
-            f"(nearest: {float(recip)!r}); rounding it would change every represented weight, "
-            "so the copy is refused",
-            "only a power-of-two weight_scale_2 has an exact reciprocal; requantize upstream",
-        )
-    return int(np.array([recip], dtype=np.float32).view(np.uint32)[0])
-
-
-def _copy_fp8(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> FP8RowWords:
-    codes = np.asarray(parts["codes"].words, dtype=np.uint8)
-    scales = _fp8_scales(entry, parts)
-    _check_fp8_codes(entry, parts, codes, scales)
-    return FP8RowWords(codes=np.ascontiguousarray(codes), scales=np.ascontiguousarray(scales))
-
-
-def _fp8_scales(entry: PlanEntry, parts: Mapping[str, SourceArray]) -> npt.NDArray[np.uint16]:
-    """The checked BF16 row scales of an FP8-row copy."""
-    src = parts["row-scales"]
-    n = parts["codes"].words.shape[0]
-    if src.dtype == "BF16":
-        scales = np.asarray(src.words, dtype=np.uint16).reshape(n)
-    else:
-        wide = np.asarray(src.words).reshape(n)
-        if src.dtype == "F16":
-            wide = f16_to_f32_words(np.asarray(wide, dtype=np.uint16))
-        wide = np.asarray(wide, dtype=np.uint32)
-        inexact = (wide & np.uint32(0xFFFF)) != 0
-        if inexact.any():
-            r = int(np.argmax(inexact))
-            w = int(wide[r])
-            nearest = _f32(int(f32_to_bf16_rne(wide[r : r + 1], keep_nonfinite=True)[0]) << 16)
-            raise _refuse(
-                entry,
-                f"{src.name}: the scale of row {r} is {_f32(w)!r} ({src.dtype} word "
-                f"0x{w:0{src.words.dtype.itemsize * 2}x}), which is not exactly representable as "
-                f"BF16 (nearest BF16: {nearest!r}); FP8_E4M3FN_ROW_BF16S stores BF16 row "
-                "multipliers and rounding would change the represented weights, so the copy "
-                "is refused",
-                "use a source whose channel scales are exact BF16 values",
-            )
-        scales = (wide >> np.uint32(16)).astype(np.uint16)
-    bad = ((scales & 0x8000) != 0) | ((scales & 0x7F80) == 0x7F80)
-    if bad.any():
-        r = int(np.argmax(bad))
-        w = int(scales[r])
-        raise _refuse(
-            entry,
-            f"{src.name}: the scale of row {r} is BF16 word 0x{w:04x} "
-            f"({_f32(w << 16)!r}); a row multiplier must be non-negative and finite "
-            "(+0 allowed, -0 not)",
-            "the source channel scales are invalid",
-        )
-    return scales
-
-
-def _fp8_codes_ok(codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint16]) -> bool:
-    """Whether a row block of FP8 codes passes :func:`_check_fp8_codes` (one cheap pass)."""
-    if ((codes & 0x7F) == 0x7F).any():
-        return False
-    zero_rows = scales == 0
-    return not (zero_rows.any() and (((codes & 0x7F) != 0) & zero_rows[:, None]).any())
-
-
-def _check_fp8_codes(
-    entry: PlanEntry,
-    parts: Mapping[str, SourceArray],
-    codes: npt.NDArray[np.uint8],
-    scales: npt.NDArray[np.uint16],
-) -> None:
-    nan = (codes & 0x7F) == 0x7F
-    if nan.any():
-        r, c = first_index(nan)
-        raise _refuse(
-            entry,
-            f"{parts['codes'].name}: code at row {r}, column {c} is E4M3FN NaN "
-            f"(0x{int(codes[r, c]):02x}); FP8 weight codes must be finite",
-            "the source weights are invalid",
-        )
-    zero_rows = scales == 0
-    if zero_rows.any():
-        nonzero = ((codes & 0x7F) != 0) & zero_rows[:, None]
-        if nonzero.any():
-            r, c = first_index(nonzero)
-            raise _refuse(
-                entry,
-                f"row {r} has scale +0 but code 0x{int(codes[r, c]):02x} at "
-                f"column {c}; a +0-scale row may hold only signed-zero codes",
-                "the source weights are inconsistent",
-            )
-
-
-# ---------------------------------------------------------------------------------------------
-# Copy paths in blocks
-
-
-PlaneBlocks = Iterator[tuple[int, npt.NDArray[np.uint8]]]
-"""(plane index, bytes): every plane's bytes in order, the planes one after another."""
-
-
 def stream_copy(
     entry: PlanEntry, source: SourceCheckpoint, block_bytes: int = 4 * BLOCK_ELEMENTS
 ) -> tuple[Mapping[str, str], Callable[[], PlaneBlocks]]:
@@ -847,33 +679,9 @@ def stream_copy(
     streamed a row block at a time from the mapped source (the stored codes are the source
     bytes: NVFP4 keeps the packed nibbles, FP8 the code bytes); the scales are checked and
     laid out whole (1/16 and 2/K of the codes).  Same checks and errors as
-    :func:`materialize` (a block that fails the cheap check is re-checked by the whole-tensor
-    validator, which words the refusal).  Returns (source digests, blocks)."""
-    from ..layouts.blockscale import swizzle_scales
-
+    :func:`materialize` (see :mod:`.copy_paths`).  Returns (source digests, blocks)."""
+    assert entry.copy is not None
     arrays = [_read(entry, source, s.name, s.dtype, s.shape) for s in entry.sources]
     parts: dict[str, SourceArray] = {s.field: a for s, a in zip(entry.sources, arrays, strict=True)}
     digests = {a.name: a.digest for a in arrays}
-    nvfp4 = lookup_format(entry.format).name == "NVFP4"
-    codes = np.asarray(parts["packed-codes" if nvfp4 else "codes"].words, dtype=np.uint8)
-    n = codes.shape[0]
-    row = codes.shape[1] if codes.ndim == 2 else 0
-    rows = max(1, block_bytes // max(row, 1))
-
-    def blocks() -> PlaneBlocks:
-        if nvfp4:
-            divisor, scales = _nvfp4_divisor_and_scales(entry, parts)
-            for r0 in range(0, n, rows):
-                yield 0, codes[r0 : r0 + rows].reshape(-1)
-            yield 1, swizzle_scales(scales)
-            yield 2, np.array([divisor], dtype="<u4").view(np.uint8)
-            return
-        row_scales = _fp8_scales(entry, parts)
-        for r0 in range(0, n, rows):
-            block = codes[r0 : r0 + rows]
-            if not _fp8_codes_ok(block, row_scales[r0 : r0 + rows]):
-                _check_fp8_codes(entry, parts, codes, row_scales)  # raises, worded
-            yield 0, block.reshape(-1)
-        yield 1, np.ascontiguousarray(row_scales).astype("<u2", copy=False).view(np.uint8)
-
-    return digests, blocks
+    return digests, COPY_PATHS[entry.copy].planes(entry, parts, block_bytes)

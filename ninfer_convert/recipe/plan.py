@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import NinferError
-from ..formats import FORMATS, Category, NumericFormat
+from ..formats import FORMATS, NumericFormat
 from ..names import tensor_name_problem
 from ..source import SourceCheckpoint, SourceTensorInfo
+from .copy_paths import COPY_PATHS, SourceField
 from .cost import padding_warnings
 from .model import Problem, Recipe, RecipeProblems, Rule
 from .parse import parse_recipe_file
@@ -49,15 +50,6 @@ __all__ = [
     "identity_problems",
 ]
 
-SourceField = Literal[
-    "input",
-    "packed-codes",
-    "block-scales",
-    "global-divisor",
-    "global-multiplier",
-    "codes",
-    "row-scales",
-]
 _MAX_UNCLAIMED_SHOWN = 50
 
 
@@ -495,46 +487,12 @@ class _Planner:
     def _claim_copy(self, rule: Rule) -> None:
         assert rule.pattern is not None and rule.copy is not None
         tensors = self.source.tensors
-        # (output name, primary tensor, [(companion, field)])
-        units: list[tuple[str, str, list[tuple[str, SourceField]]]] = []
-        if rule.copy == "compressed-tensors-nvfp4":
-            for n in self.names:
-                if n.endswith(".weight_packed"):
-                    x = n[: -len("_packed")]
-                    units.append(
-                        (
-                            x,
-                            n,
-                            [
-                                (n, "packed-codes"),
-                                (x + "_scale", "block-scales"),
-                                (x + "_global_scale", "global-divisor"),
-                            ],
-                        )
-                    )
-        elif rule.copy == "modelopt-nvfp4":
-            for n in self.names:
-                if n.endswith(".weight") and n + "_scale_2" in tensors:
-                    units.append(
-                        (
-                            n,
-                            n,
-                            [
-                                (n, "packed-codes"),
-                                (n + "_scale", "block-scales"),
-                                (n + "_scale_2", "global-multiplier"),
-                            ],
-                        )
-                    )
-        else:  # compressed-tensors-fp8-channel
-            for n in self.names:
-                if n.endswith(".weight") and n + "_scale" in tensors:
-                    units.append((n, n, [(n, "codes"), (n + "_scale", "row-scales")]))
-        matched = [u for u in units if rule.pattern.matches(u[0])]
-        free = [u for u in matched if u[1] not in self.claimed]
+        units = COPY_PATHS[rule.copy].units(self.names, tensors)
+        matched = [u for u in units if rule.pattern.matches(u.output)]
+        free = [u for u in matched if u.primary not in self.claimed]
         if not free:
             if matched:
-                self._nothing(rule, [u[1] for u in matched])
+                self._nothing(rule, [u.primary for u in matched])
             else:
                 direct = sum(1 for n in self.names if rule.pattern.matches(n))
                 hint = (
@@ -544,7 +502,8 @@ class _Planner:
                 )
                 self._nothing(rule, [], hint)
             return
-        for out, _primary, parts in free:
+        for unit in free:
+            out, parts = unit.output, unit.parts
             ok = True
             for name, _f in parts:
                 if name not in tensors:
@@ -785,58 +744,11 @@ class _Planner:
         return self._finish(cand, fmt, shape, conversion, transforms)
 
     def _copy_entry(self, cand: _Candidate, fmt: NumericFormat) -> PlanEntry | None:
-        rule = cand.rule
-        parts = {f: i for i, f in cand.sources}
-        what = f"{cand.output!r}"
-        bad: list[str] = []
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                bad.append(msg)
-
-        def desc(i: SourceTensorInfo) -> str:
-            return f"{i.name} is {i.dtype} {list(i.shape)}"
-
-        shape: tuple[int, ...] = ()
-        if fmt.category is Category.BLOCK_SCALED:
-            p, s = parts["packed-codes"], parts["block-scales"]
-            g = parts.get("global-divisor") or parts["global-multiplier"]
-            need(
-                p.dtype == "U8" and len(p.shape) == 2 and min(p.shape) > 0,
-                f"{desc(p)}; packed E2M1 codes must be U8 [N, K/2] with N, K > 0",
-            )
-            if p.dtype == "U8" and len(p.shape) == 2 and min(p.shape) > 0:
-                n, k = p.shape[0], 2 * p.shape[1]
-                shape = (n, k)
-                need(
-                    k % 16 == 0,
-                    f"{desc(p)} gives K = {k}, which NVFP4 cannot take (K must be "
-                    "a multiple of 16)",
-                )
-                if k % 16 == 0:
-                    need(
-                        s.dtype == "F8_E4M3" and s.shape == (n, k // 16),
-                        f"{desc(s)}; block scales must be F8_E4M3 [{n}, {k // 16}]",
-                    )
-            need(
-                g.dtype == "F32" and g.shape in ((), (1,)),
-                f"{desc(g)}; the global scale must be one F32 value ([1] or [])",
-            )
-        else:
-            c, s = parts["codes"], parts["row-scales"]
-            need(
-                c.dtype == "F8_E4M3" and len(c.shape) == 2 and min(c.shape) > 0,
-                f"{desc(c)}; FP8 codes must be F8_E4M3 [N, K] with N, K > 0",
-            )
-            if len(c.shape) == 2:
-                shape = c.shape
-                need(
-                    s.dtype in ("F32", "BF16", "F16") and s.shape == (c.shape[0], 1),
-                    f"{desc(s)}; channel scales must be F32, BF16 or F16 [{c.shape[0]}, 1]",
-                )
+        assert cand.rule.copy is not None
+        shape, bad = COPY_PATHS[cand.rule.copy].check({f: i for i, f in cand.sources})
         if bad:
             for msg in bad:
-                self.err(rule, f"{what}: {msg}")
+                self.err(cand.rule, f"{cand.output!r}: {msg}")
             return None
         return self._finish(cand, fmt, shape, None, [])
 

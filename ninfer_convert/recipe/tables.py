@@ -3,7 +3,9 @@
 Contract: every name a recipe may use for a source-type conversion, a copy path or a
 constraint is listed here exactly once, with its meaning.  Names are compared exactly; nothing
 is parsed apart.  The numeric formats and encoder profiles themselves live in
-:mod:`ninfer_convert.formats`.
+:mod:`ninfer_convert.formats`; the copy paths are objects that carry their own units, checks
+and readers, so their one table, :data:`COPY_PATHS`, is defined in :mod:`.copy_paths` and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from .copy_paths import COPY_PATHS, CopyPath
 
 __all__ = [
     "CONSTRAINTS",
@@ -99,43 +103,6 @@ DIRECT_SAME_SOURCE: Mapping[str, str] = MappingProxyType(
 GROUPED_SOURCES = frozenset({"BF16", "F16", "F32"})
 """Source dtypes a grouped encoder takes (it widens them to binary32 exactly, spec Section 7)."""
 
-
-@dataclass(frozen=True)
-class CopyPath:
-    """A copy of already-quantized words from a known producer's tensors."""
-
-    name: str
-    format: str
-    description: str
-
-
-COPY_PATHS: Mapping[str, CopyPath] = MappingProxyType(
-    {
-        c.name: c
-        for c in (
-            CopyPath(
-                "compressed-tensors-nvfp4",
-                "NVFP4",
-                "compressed-tensors nvfp4-pack-quantized: X.weight_packed U8 [N, K/2] (element "
-                "2j in the low nibble), X.weight_scale F8_E4M3 [N, K/16], X.weight_global_scale "
-                "F32 [1] (already a divisor) -> output X.weight",
-            ),
-            CopyPath(
-                "modelopt-nvfp4",
-                "NVFP4",
-                "ModelOpt NVFP4: X.weight U8 [N, K/2] (element 2j in the low nibble), "
-                "X.weight_scale F8_E4M3 [N, K/16], X.weight_scale_2 F32 scalar multiplier whose "
-                "reciprocal must be exact in binary32 -> output X.weight",
-            ),
-            CopyPath(
-                "compressed-tensors-fp8-channel",
-                "FP8_E4M3FN_ROW_BF16S",
-                "compressed-tensors channel-wise FP8: X.weight F8_E4M3 [N, K], X.weight_scale "
-                "F32/BF16/F16 [N, 1] multiplier that must be an exact BF16 -> output X.weight",
-            ),
-        )
-    }
-)
 
 FINITE_ONLY = "finite-only"
 CONSTRAINTS: Mapping[str, str] = MappingProxyType(
