@@ -132,12 +132,12 @@ def test_derivations_stream_in_blocks(
 ) -> None:
     import importlib
 
-    # The module, not the function of the same name that ninfer_convert.recipe exports.
-    materialize_module = importlib.import_module("ninfer_convert.recipe.materialize")
+    # The module whose tile and strip sizes the transpose reads at call time.
+    derivation_module = importlib.import_module("ninfer_convert.recipe.derivation")
 
     # Transpose tiles and strips that do not divide the tensor, down to one word.
-    monkeypatch.setattr(materialize_module, "TRANSPOSE_TILE", tile[0])
-    monkeypatch.setattr(materialize_module, "TRANSPOSE_STRIP", tile[1])
+    monkeypatch.setattr(derivation_module, "TRANSPOSE_TILE", tile[0])
+    monkeypatch.setattr(derivation_module, "TRANSPOSE_STRIP", tile[1])
     rng = np.random.default_rng(7)
     a = rng.integers(0, 1 << 15, size=(37, 61), dtype=np.int16)
     b = rng.integers(0, 1 << 15, size=(37, 5), dtype=np.int16)
