@@ -391,3 +391,96 @@ def test_fuzzed_recipes_never_crash(data: st.DataObject) -> None:
     assert recipe is not None or found
     for p in found:
         assert isinstance(p.message, str) and (p.line is None or p.line >= 1)
+
+
+def test_problems_of_one_rule_come_in_the_documented_order() -> None:
+    """Within one rule: keys, pattern, role, format, copy path, encoder profile, copy-only
+    format, conversions, keep_nonfinite, constraints, transforms, evidence (recipe/parse_rule.py);
+    every message pinned whole, in order."""
+    body = """\
+        - match: ''
+          format: NVFP4
+          role: ''
+          encoder_profile: MAXABS_F16_RECIP_RNE_V1
+          conversion: [no-such, f32-to-bf16-rne]
+          keep_nonfinite: true
+          constraints: [finite-only, finite-only, sparse]
+          transforms: [flip, {reshape: [2, -1, -1]}]
+          evidence: [nope]
+          colour: blue
+        - match: a
+          copy: gptq
+          format: BF16
+          role: r
+          encoder_profile: X
+        - derive: 'o.{i}'
+          inputs: ['a.{i}', 'b.{j}', 'a.{i}']
+          format: W8G32_F16S
+          role: r
+        """
+    base = HEAD_LINES
+    assert problems(body) == [
+        (
+            base + 10,
+            "rule 1 (match): unknown key 'colour' (allowed: constraints, conversion, "
+            "encoder_profile, evidence, format, keep_nonfinite, match, optional, role, "
+            "transforms)",
+        ),
+        (base + 1, "rule 1 (match): pattern must be a non-empty string, not ''"),
+        (base + 3, "rule 1 (match): role must be a non-empty string, not ''"),
+        (
+            base + 4,
+            "rule 1 (match): NVFP4 takes no encoder_profile (only the grouped formats are "
+            "encoded; direct formats store words, NVFP4 and FP8 row are copied)",
+        ),
+        (
+            base + 2,
+            "rule 1 (match): NInfer has no encoder into NVFP4; a recipe can only copy "
+            "already-quantized words with copy: compressed-tensors-nvfp4 or modelopt-nvfp4",
+        ),
+        (
+            base + 5,
+            "rule 1 (match): unknown conversion 'no-such' (known: f32-to-bf16-rne, "
+            "f16-to-bf16-rne, bf16-to-f32, f16-to-f32, int-to-i32)",
+        ),
+        (
+            base + 5,
+            "rule 1 (match): NVFP4 takes no conversion (conversions apply to direct "
+            "formats; grouped encoders widen BF16/F16/F32 exactly)",
+        ),
+        (base + 7, "rule 1 (match): unknown constraint 'sparse' (known: finite-only)"),
+        (base + 7, "rule 1 (match): a constraint is listed twice"),
+        (base + 7, "rule 1 (match): finite-only contradicts keep_nonfinite: true"),
+        (
+            base + 8,
+            "rule 1 (match): unknown transform 'flip' (known: transpose, {reshape: [rows, cols]})",
+        ),
+        (base + 8, "rule 1 (match): reshape must give rank two [rows, cols], not [2, -1, -1]"),
+        (base + 9, "rule 1 (match): evidence 'nope' is not defined in the recipe's evidence list"),
+        (
+            base + 15,
+            "rule 2 (copy): unknown key 'encoder_profile' (allowed: copy, evidence, format,"
+            " match, optional, role)",
+        ),
+        (
+            base + 12,
+            "rule 2 (copy): unknown copy path 'gptq' (known: compressed-tensors-nvfp4, "
+            "modelopt-nvfp4, compressed-tensors-fp8-channel)",
+        ),
+        (base + 17, "rule 3 (derive): input 'a.{i}' is listed twice"),
+        (
+            base + 17,
+            "rule 3 (derive): input template 'b.{j}' uses placeholders ['j'] but the output"
+            " 'o.{i}' uses ['i']; they must be the same",
+        ),
+        (base + 16, "rule 3 (derive): 3 inputs need a concat_axis"),
+        (
+            base + 18,
+            "rule 3 (derive): W8G32_F16S needs an encoder_profile (e.g. MAXABS_F16_RECIP_RNE_V1)",
+        ),
+        (
+            base + 16,
+            "rule 3 (derive): a lossy choice (a grouped format) needs cited evidence: "
+            "evidence: [id, ...]",
+        ),
+    ]
