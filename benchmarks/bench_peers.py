@@ -14,7 +14,8 @@ llama-quantize reads); writing it is preparation, not timed.  Both tools get 2 t
 page cache of this benchmark's own input files is dropped with ``posix_fadvise(DONTNEED)``
 after an fsync (``--cache warm`` keeps it), so each step reads from disk.  Rounds interleave the
 three steps so a slow spell of the shared machine hits all of them; the fastest of
-``--repeat`` runs of each is reported, with the ratios of those fastest times.
+``--repeat`` runs of each is reported, with the ratios of those fastest times, and the CPU
+seconds (user + system) of every run, which a loaded machine distorts less than wall time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -115,15 +117,19 @@ def evict(paths: list[Path]) -> None:
                 os.close(fd)
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
+def timed(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RssAnon bytes and CPU seconds (user + system) of one command."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakRssAnon(proc.pid) as peak:
         _out, err = proc.communicate()
     dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
-    return dt, peak.peak_kib * 1024
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return dt, peak.peak_kib * 1024, cpu
 
 
 def uptime() -> str:
@@ -162,7 +168,7 @@ def main() -> None:
             RECIPE_TEMPLATE.format(fmt="Q4G64_F16S").replace("MAXABS_F16_RECIP_RNE_V1", prof)
         )
         recipes[prof] = r
-    steps: dict[str, list[tuple[float, int]]] = {"llama-quantize Q4_K_M": []}
+    steps: dict[str, list[tuple[float, int, float]]] = {"llama-quantize Q4_K_M": []}
     steps.update({f"ninfer {p}": [] for p in PROFILES})
     loads: list[str] = [uptime()]
     out_gguf = work / "out-Q4_K_M.gguf"
@@ -204,6 +210,7 @@ def main() -> None:
             "seconds": t,
             "seconds_all": [x[0] for x in v],
             "peak_rss_anon_bytes": max(x[1] for x in v),
+            "cpu_seconds_all": [x[2] for x in v],
             "gb_per_s": total / t / 1e9,
             "speed_vs_llama_quantize": base / t,
             "speed_vs_ninfer_canonical": canon / t,
@@ -211,7 +218,8 @@ def main() -> None:
         print(
             f"{k:32s} {t:7.2f} s ({total / t / 1e9:.3f} GB/s)  x{base / t:.2f} vs llama-quantize"
             f"  x{canon / t:.2f} vs canonical  peak RssAnon {max(x[1] for x in v) / 2**20:.0f} MiB"
-            f"  (all: {', '.join(f'{x[0]:.1f}' for x in v)})"
+            f"  (all: {', '.join(f'{x[0]:.1f}' for x in v)}; CPU s: "
+            f"{', '.join(f'{x[2]:.1f}' for x in v)})"
         )
     print(f"load average (1/5/15 min) before and after each round: {loads}")
     if not a.keep:
