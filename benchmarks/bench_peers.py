@@ -164,9 +164,7 @@ def main() -> None:
     recipes = {}
     for prof in PROFILES:
         r = work / f"recipe-{prof}.yaml"
-        r.write_text(
-            RECIPE_TEMPLATE.format(fmt="Q4G64_F16S").replace("MAXABS_F16_RECIP_RNE_V1", prof)
-        )
+        r.write_text(RECIPE_TEMPLATE.format(name=f"peers-{prof}", fmt="Q4G64_F16S", profile=prof))
         recipes[prof] = r
     steps: dict[str, list[tuple[float, int, float]]] = {"llama-quantize Q4_K_M": []}
     steps.update({f"ninfer {p}": [] for p in PROFILES})
