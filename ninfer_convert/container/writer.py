@@ -51,6 +51,7 @@ import contextlib
 import mmap
 import os
 import types
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -405,7 +406,8 @@ class ArtifactWriter:
         self._side: dict[str, SideFile] = {}
         self._side_keys: dict[str, str] = {}  # side_file_key -> name or "folder/" (add_file)
         self._shards: list[_Shard] = []
-        self._reserved: list[Reservation] = []  # reserved, not yet completed, in order
+        self._reserved: deque[Reservation] = deque()  # reserved, not yet completed, in order
+        self._reserved_names: set[str] = set()
         self._inline: tuple[_Shard, int, bytearray] | None = None  # see _stage_inline
         self._lock = OutputLock(self.out_dir)
         self._area: StagingArea | None = None
@@ -600,7 +602,7 @@ class ArtifactWriter:
         self._require_open()
         layout = self._layout(fmt_name)
         prov = self._entry_checks(name, fmt_name, role, provenance)
-        if any(r.name == name for r in self._reserved):
+        if name in self._reserved_names:
             raise UsageError("tensor added twice", tensor=name)
         try:
             dims = layout.check_shape(fmt_name, shape)
@@ -613,15 +615,18 @@ class ArtifactWriter:
         offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
-        handle.flush()
         start = shard.cursor - shard.cursor % mmap.ALLOCATIONGRANULARITY
         planes: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         mapped: mmap.mmap | None = None
         fd: int | None = None
         inline = sum(spec.nbytes for spec in specs) <= _INLINE_BYTES
         if inline:  # small: process memory, written at its offsets by complete()
+            # No flush or seek of the handle: every write through it seeks first (a seek per
+            # tiny tensor, with the GIL released and re-taken from busy workers, cost about
+            # 140 us).
             planes = [np.zeros(spec.nbytes, dtype=np.uint8) for spec in specs]
         elif end > shard.cursor:
+            handle.flush()
             try:
                 fd, mapped = self._map_region(shard, start, end)
             except OSError as exc:
@@ -635,11 +640,11 @@ class ArtifactWriter:
             ]
         else:
             planes = [np.zeros(0, dtype=np.uint8) for _ in specs]
-        handle.seek(end)
         shard.cursor = end
         res = Reservation(name, fmt_name, dims, role, prov, shard, offsets, planes, end, mapped,
                           inline, specs, physical, _PlaneSink(planes, offsets, fd))  # fmt: skip
         self._reserved.append(res)
+        self._reserved_names.add(name)
         return res
 
     @staticmethod
@@ -702,7 +707,8 @@ class ArtifactWriter:
         except OSError as exc:
             self.abort()
             raise self._resource(exc, f"writing tensor {res.name!r} to the staging area") from None
-        self._reserved.pop(0)
+        self._reserved.popleft()
+        self._reserved_names.discard(res.name)
         res.release()
         res.shard.tensors.append(entry)
         self._names.add(res.name)
@@ -756,7 +762,9 @@ class ArtifactWriter:
         """The shard the next tensor goes to (a new one when ``max_shard_size`` says so)."""
         shard = self._shards[-1]
         _, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
-        used = bool(shard.tensors) or any(r.shard is shard for r in self._reserved)
+        # Reservations are made in order and shards only ever follow each other: when any
+        # pending reservation is in this shard, the newest one is (O(1), not O(pending)).
+        used = bool(shard.tensors) or bool(self._reserved and self._reserved[-1].shard is shard)
         if _starts_new_shard(used, end, self.max_shard_size):
             # Pending reservations keep their own mappings of the finished shard; the commit's
             # fsync of each shard makes their bytes durable too.
@@ -838,6 +846,7 @@ class ArtifactWriter:
         handle = shard.handle
         if handle is None:  # pragma: no cover - the last shard is always open
             raise RuntimeError("current shard is closed")
+        handle.seek(shard.cursor)  # small reservations move the cursor, not the handle
         entries = []
         for spec, view in zip(specs, views, strict=True):
             offset = align_up(shard.cursor, self.alignment)

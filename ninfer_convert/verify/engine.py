@@ -1249,7 +1249,6 @@ def _run_tensors(
         nonlocal done
         held = costs[name]
         budget.acquire(held)
-        ahead.started(position[name])
 
         def reserve(nbytes: int) -> None:
             nonlocal held
@@ -1269,8 +1268,44 @@ def _run_tensors(
         emit("tensors", count, total, name)
         return result
 
+    def work_batch(batch: list[str]) -> list[_TensorOutcome]:
+        # One read-ahead top-up per batch: started() requests every tensor up to the last.
+        ahead.started(position[batch[-1]])
+        return [work(n) for n in batch]
+
+    batches = _batches(names, lambda n: max(costs[n], stored_and_source_bytes(n)))
     if jobs == 1 or total <= 1:
-        return [work(n) for n in names]
+        return [o for b in batches for o in work_batch(b)]
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-verify") as pool:
         # map keeps the stored order of the results whatever order the workers finish in.
-        return list(pool.map(work, names))
+        return [o for outcomes in pool.map(work_batch, batches) for o in outcomes]
+
+
+_SMALL_TENSOR_BYTES = 256 << 10
+_BATCH_TENSORS = 256
+_BATCH_BYTES = 1 << 20
+
+
+def _batches(names: list[str], nbytes: Callable[[str], int]) -> list[list[str]]:
+    """Consecutive tensors of at most :data:`_SMALL_TENSOR_BYTES` (stored plus source bytes,
+    or admission cost when larger) checked by one worker task, at most :data:`_BATCH_TENSORS`
+    of them and :data:`_BATCH_BYTES` bytes; every larger tensor is a task of its own.  Why:
+    one task per tiny tensor made the futures and the hand-overs between threads cost more
+    than the checks (about 290 us per tensor at 100,000 tensors)."""
+    out: list[list[str]] = []
+    run: list[str] = []
+    run_bytes = 0
+    for name in names:
+        size = nbytes(name)
+        small = size <= _SMALL_TENSOR_BYTES
+        if run and (not small or len(run) >= _BATCH_TENSORS or run_bytes + size > _BATCH_BYTES):
+            out.append(run)
+            run, run_bytes = [], 0
+        if small:
+            run.append(name)
+            run_bytes += size
+        else:
+            out.append([name])
+    if run:
+        out.append(run)
+    return out
