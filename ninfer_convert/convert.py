@@ -69,6 +69,7 @@ from .container.publish import (
     check_free_space,
     check_writable,
 )
+from .container.schema import Provenance
 from .container.writer import Reservation, planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
@@ -305,6 +306,12 @@ def provenance_of(entry: PlanEntry) -> dict[str, Any]:
     }
 
 
+def _provenances(plan: Plan) -> dict[str, Provenance]:
+    """Every entry's parsed provenance, built once per conversion (the size plan and the
+    writer both take it as is)."""
+    return {e.output: Provenance.from_json(provenance_of(e), "provenance") for e in plan.entries}
+
+
 def _metadata(
     plan: Plan, source: SourceCheckpoint, digests: dict[str, str], alignment: int
 ) -> dict[str, Any]:
@@ -389,18 +396,22 @@ def planned_output_bytes(
     alignment: int,
     max_shard_size: int | None,
     signed: bool = False,
+    prepared: tuple[str | None, Mapping[str, Provenance]] | None = None,
 ) -> int:
     """The exact size of the model directory convert writes for ``plan`` (shards, index, side
-    files, the generated card), plus an allowance for the signature when ``signed``."""
+    files, the generated card), plus an allowance for the signature when ``signed``.
+    ``prepared``: the card text and the entries' provenance when the caller already has them
+    (convert builds each once: the card's cost notes walk every entry)."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
     placeholder = {name: "xxh3-128:" + "0" * 32 for name in digested}
     side_files = _copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
-    card = _card_text(plan, src, side_files)  # deterministic: the same text convert writes
+    # The card is deterministic: the same text convert writes.
+    card, provs = prepared or (_card_text(plan, src, side_files), _provenances(plan))
     if card is not None:
         sizes.append((README_NAME, len(card.encode("utf-8"))))
     total = planned_size(
-        ((e.output, e.format, e.shape, e.role, provenance_of(e)) for e in plan.entries),
+        ((e.output, e.format, e.shape, e.role, provs[e.output]) for e in plan.entries),
         metadata=_metadata(plan, src, placeholder, alignment),
         side_files=sizes,
         alignment=alignment,
@@ -765,6 +776,8 @@ def convert_checkpoint(
             )  # fmt: skip
 
     metadata = _metadata(plan, src, {}, alignment)
+    card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
+    provs = _provenances(plan)
     cancel = threading.Event()
     writer = ArtifactWriter(
         output,
@@ -780,6 +793,7 @@ def convert_checkpoint(
             alignment=alignment,
             max_shard_size=max_shard_size,
             signed=signer is not None,
+            prepared=(card, provs),
         ),
         on_notice=on_notice,
     )
@@ -812,7 +826,7 @@ def convert_checkpoint(
                         entry.format,
                         entry.shape,
                         role=entry.role,
-                        provenance=provenance_of(entry),
+                        provenance=provs[entry.output],
                     )
                     reserved.append(res)
                     tasks.append((entry, seed, res.planes, res.sink))
@@ -841,7 +855,6 @@ def convert_checkpoint(
             digests[skipped.name] = src.read(skipped.name).digest
         for path, name in side_files:
             writer.add_file(path, name)
-        card = _card_text(plan, src, side_files)
         if card is not None:
             add_text_file(writer, README_NAME, card)
         writer.set_metadata(_metadata(plan, src, digests, alignment))

@@ -67,6 +67,7 @@ from ..layouts.base import plane_u8
 from ..logical import LogicalTensor
 from ..regular import open_regular
 from .checks import (
+    GeometryCache,
     check_alignment,
     check_provenance,
     check_side_file_name,
@@ -163,6 +164,17 @@ def _placement(cursor: int, nbytes: Iterable[int], alignment: int) -> tuple[list
     return offsets, cursor
 
 
+_Geometry = tuple[Layout, tuple[int, ...], Sequence[PlaneSpec], tuple[int, ...]]
+
+
+def _geometry_key(fmt_name: object, shape: object) -> tuple[str, tuple[int, ...]] | None:
+    """The cache key of a (format, shape) whose layout answer may be reused: exact types only
+    (a list, a numpy integer or a bool dimension takes the checked path every time)."""
+    if type(fmt_name) is str and type(shape) is tuple and all(type(d) is int for d in shape):
+        return fmt_name, shape
+    return None
+
+
 def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> bool:
     """docs/container.md section 8, "Sharding"."""
     return max_shard is not None and has_tensors and end > max_shard
@@ -189,10 +201,18 @@ def planned_size(
     sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
     cursors = [PRELUDE_SIZE]
     shards: list[list[TensorEntry]] = [[]]
+    geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
     for name, fmt_name, shape, role, provenance in tensors:
-        layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
-        dims = layout.check_shape(fmt_name, shape)
-        specs = layout.planes(fmt_name, dims)
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else geometry.get(key)
+        if known is None:
+            layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+            dims = layout.check_shape(fmt_name, shape)
+            known = (layout, dims, layout.planes(fmt_name, dims),
+                     layout.physical_extents(fmt_name, dims))  # fmt: skip
+            if key is not None:
+                geometry[key] = known
+        layout, dims, specs, physical = known
         offsets, end = _placement(cursors[-1], (s.nbytes for s in specs), alignment)
         if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
             cursors.append(PRELUDE_SIZE)
@@ -207,7 +227,7 @@ def planned_size(
             format=fmt_name,
             layout=layout.name,
             shape=dims,
-            physical=layout.physical_extents(fmt_name, dims),
+            physical=physical,
             planes=planes,
             role=role,
             provenance=Provenance.from_json(provenance, "provenance"),
@@ -408,6 +428,12 @@ class ArtifactWriter:
         self._shards: list[_Shard] = []
         self._reserved: deque[Reservation] = deque()  # reserved, not yet completed, in order
         self._reserved_names: set[str] = set()
+        # (format, shape) -> (layout, dims, plane specs, physical extents) of shapes already
+        # accepted, and the header-entry check's own cache: a MoE checkpoint repeats a few
+        # shapes tens of thousands of times, and the layout's answer is the same each time.
+        self._geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
+        self._checked: GeometryCache = {}
+        self._layouts: dict[str, Layout] = {}
         self._inline: tuple[_Shard, int, bytearray] | None = None  # see _stage_inline
         self._lock = OutputLock(self.out_dir)
         self._area: StagingArea | None = None
@@ -600,17 +626,24 @@ class ArtifactWriter:
         recorded until :meth:`complete`.  The file gets the same bytes as ``add_packed`` of
         the same planes: the gaps are zero (a hole or written zeros read the same)."""
         self._require_open()
-        layout = self._layout(fmt_name)
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else self._geometry.get(key)
+        layout = self._layout(fmt_name) if known is None else known[0]
         prov = self._entry_checks(name, fmt_name, role, provenance)
         if name in self._reserved_names:
             raise UsageError("tensor added twice", tensor=name)
-        try:
-            dims = layout.check_shape(fmt_name, shape)
-        except NinferError as exc:
-            raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
-        with _naming(name):
-            specs = layout.planes(fmt_name, dims)
-            physical = layout.physical_extents(fmt_name, dims)
+        if known is None:
+            try:
+                dims = layout.check_shape(fmt_name, shape)
+            except NinferError as exc:
+                raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
+            with _naming(name):
+                specs: Sequence[PlaneSpec] = tuple(layout.planes(fmt_name, dims))
+                physical = layout.physical_extents(fmt_name, dims)
+            if key is not None:
+                self._geometry[key] = (layout, dims, specs, physical)
+        else:
+            _, dims, specs, physical = known
         shard = self._place(specs)
         offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
         handle = shard.handle
@@ -698,7 +731,7 @@ class ArtifactWriter:
             role=res.role,
             provenance=res.provenance,
         )
-        check_tensor_geometry(entry, f"tensor {res.name!r}")
+        check_tensor_geometry(entry, f"tensor {res.name!r}", self._checked)
         try:
             if res.inline:
                 self._stage_inline(res)
@@ -773,7 +806,12 @@ class ArtifactWriter:
         return shard
 
     def _layout(self, fmt_name: str) -> Layout:
-        return check_combination(fmt_name, lookup_format(fmt_name).layout)
+        layout = self._layouts.get(fmt_name) if type(fmt_name) is str else None
+        if layout is None:
+            layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+            if type(fmt_name) is str:
+                self._layouts[fmt_name] = layout
+        return layout
 
     def _entry_checks(
         self,
