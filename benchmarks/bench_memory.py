@@ -19,8 +19,10 @@ read from disk.
 
 Part 2 (``--counts``): checkpoints of N one-element BF16 tensors; convert, verify and
 ``open_artifact`` time per N (open: the call alone, without the import, and the RssAnon the
-open artifact holds), the per-tensor cost (slope between the smallest and the largest N) and the
-``cp`` time of the same bytes.
+open artifact holds), the ``cp`` time of the same bytes (the source directory, ``cp -r`` +
+``sync``), each time as a multiple of it, the per-tensor cost beyond 1.5x ``cp`` (issue 12's
+target: ``t <= 1.5 x cp + c x N`` with ``c`` under 50 us) and the per-tensor slope between the
+smallest and the largest N.
 
 ``--sparse-gib G`` adds one run with a sparse BF16 [rows, 4096] tensor of G GiB (zeros; the
 disk holds only the artifact) converted to Q4G64_F16S and verified, to show that memory does
@@ -263,15 +265,26 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
         row = {"tensors": n, "cp_s": t_cp, "convert_s": t_conv, "verify_s": t_ver,
                "open_s": t_open, "open_rss_mib": open_mb}  # fmt: skip
         out_rows.append(row)
-        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_ver:.2f} | {t_open:.2f} | {open_mb:.0f} |",
-              flush=True)  # fmt: skip
+        # Issue 12's target: t <= 1.5 x cp + c x N with c < 50 us; this is c for this N.
+        beyond = {k: (row[k] - 1.5 * t_cp) / n * 1e6 for k in ("convert_s", "verify_s")}
+        row.update(convert_vs_cp=t_conv / t_cp, verify_vs_cp=t_ver / t_cp,
+                   convert_us_beyond_cp=beyond["convert_s"],
+                   verify_us_beyond_cp=beyond["verify_s"])  # fmt: skip
+        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_conv / t_cp:.0f}x | "
+              f"{beyond['convert_s']:.0f} | {t_ver:.2f} | {t_ver / t_cp:.0f}x | "
+              f"{beyond['verify_s']:.0f} | {t_open:.2f} | {open_mb:.0f} |", flush=True)  # fmt: skip
         shutil.rmtree(src)
         shutil.rmtree(out)
     if len(out_rows) >= 2:
         a, b = out_rows[0], out_rows[-1]
         dn = b["tensors"] - a["tensors"]
         for key in ("convert_s", "verify_s", "open_s"):
-            print(f"per-tensor cost of {key[:-2]}: {(b[key] - a[key]) / dn * 1e6:.0f} us")
+            print(f"per-tensor cost of {key[:-2]} (slope {a['tensors']:.0f} -> "
+                  f"{b['tensors']:.0f}): {(b[key] - a[key]) / dn * 1e6:.0f} us")  # fmt: skip
+        for key in ("convert", "verify"):
+            ratio, beyond_us = b[key + "_vs_cp"], b[key + "_us_beyond_cp"]
+            print(f"{key} at {b['tensors']:.0f} tensors: {ratio:.0f}x cp; cost per tensor "
+                  f"beyond 1.5x cp {beyond_us:.0f} us (target < 50 us)")  # fmt: skip
         per_b = (b["open_rss_mib"] - a["open_rss_mib"]) / dn * 2**20
         print(f"per-tensor memory of open: {per_b:.0f} B")
     return out_rows
@@ -326,8 +339,9 @@ def main() -> None:
               "| vs cat | peak MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         results["paths"] = part_paths(args.workdir, args.mib, names, args.jobs)
     if args.counts:
-        print("| tensors | cp s | convert s | verify s | open s | open RssAnon MiB |\n"
-              "|---|---|---|---|---|---|")  # fmt: skip
+        print("| tensors | cp s | convert s | vs cp | convert us/tensor beyond 1.5x cp | verify s "
+              "| vs cp | verify us/tensor beyond 1.5x cp | open s | open RssAnon MiB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         results["counts"] = part_counts(args.workdir, [int(c) for c in args.counts.split(",")],
                                         args.jobs)  # fmt: skip
     if args.sparse_gib > 0:

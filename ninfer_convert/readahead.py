@@ -16,6 +16,12 @@ requests in pieces (2 MiB or 128 KiB).
 
 Why a thread: submitting blocks while the device queue is full, and that must not stall an
 encoding worker.
+
+Inside :func:`batched` (every :meth:`ReadAheadWindow.started` top-up runs in one) a thread's
+requests are collected and submitted when the block ends, grouped per file in the order each
+file was first named, back-to-back ranges of one file (gaps up to one piece) merged into one
+request: thousands of tiny tensors cost one queue hand-over and one open per range, not per
+tensor.
 """
 
 from __future__ import annotations

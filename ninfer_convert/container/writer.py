@@ -884,7 +884,10 @@ class ArtifactWriter:
         handle = shard.handle
         if handle is None:  # pragma: no cover - the last shard is always open
             raise RuntimeError("current shard is closed")
-        handle.seek(shard.cursor)  # small reservations move the cursor, not the handle
+        # Queued small tensors first: a later one would otherwise pad its gap over this
+        # tensor's bytes.  Small reservations move the cursor, not the handle: seek to it.
+        self._flush_inline()
+        handle.seek(shard.cursor)
         entries = []
         for spec, view in zip(specs, views, strict=True):
             offset = align_up(shard.cursor, self.alignment)
