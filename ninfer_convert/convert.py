@@ -116,15 +116,16 @@ __all__ = [
 PRODUCER_NAME = "ninfer-convert"
 _MIN_INFLIGHT_BYTES = 256 << 20
 _MAX_INFLIGHT_TENSORS = 64
+"""Tasks in flight at most (a task: one tensor, or a batch of small ones).  Each tensor holds a
+mapping of its source (and of its reserved planes) while it is derived, so without a count
+bound 100,000 tiny tensors were all in flight at once (one open file each, and 'Too many open
+files'); a batch holds at most 1 MiB of small tensors, read with ``pread`` up to 64 KiB."""
 # Small-entry batching (see the module contract).  Why: with one task per one-element tensor
 # the futures, queue hand-overs and GIL switches between the calling thread and the workers
 # cost more than the tensors themselves (about 370 us per tensor at 100,000 tensors).
 _SMALL_ENTRY_BYTES = 256 << 10
 _BATCH_ENTRIES = 256
 _BATCH_BYTES = 1 << 20
-"""Tensors in flight at most: each holds a mapping of its source (and of its reserved planes),
-so without a count bound 100,000 tiny tensors were all in flight at once (one open file each,
-and 'Too many open files')."""
 
 
 @dataclass(frozen=True)
