@@ -830,7 +830,7 @@ def convert_checkpoint(
             reserved: deque[Reservation] = deque()
 
             def submit(batch: _Batch) -> Future[list[PackedTensor]]:
-                tasks = []
+                tasks: list[_Task] = []
                 for entry in batch.entries:
                     # Deterministic per tensor, whatever the scheduling: which rows get
                     # spot-checked.
@@ -900,10 +900,14 @@ def convert_checkpoint(
     )
 
 
+_Task = tuple[PlanEntry, int, list[npt.NDArray[np.uint8]], PlaneSink]
+"""One entry of a batch: the entry, its spot-check seed, its reserved planes and their sink."""
+
+
 def _guarded(
     cancel: threading.Event,
     started: Callable[[], None],
-    tasks: list[tuple[PlanEntry, int, list[npt.NDArray[np.uint8]], PlaneSink]],
+    tasks: list[_Task],
     source: SourceCheckpoint,
     device: str,
     threads: int,
