@@ -19,8 +19,11 @@ read from disk.
 
 Part 2 (``--counts``): checkpoints of N one-element BF16 tensors; convert, verify and
 ``open_artifact`` time per N (open: the call alone, without the import, and the RssAnon the
-open artifact holds), the per-tensor cost (slope between the smallest and the largest N) and the
-``cp`` time of the same bytes.
+open artifact holds), the CPU seconds of convert and verify (user + system, all threads: on a
+shared machine wall time follows the other tenants' load), the ``cp`` time of the same bytes
+(the source directory, ``cp -r`` + ``sync``), each time as a multiple of it, the per-tensor
+cost beyond 1.5x ``cp`` (issue 12's target: ``t <= 1.5 x cp + c x N`` with ``c`` under 50
+us) and the per-tensor slope between the smallest and the largest N.
 
 ``--sparse-gib G`` adds one run with a sparse BF16 [rows, 4096] tensor of G GiB (zeros; the
 disk holds only the artifact) converted to Q4G64_F16S and verified, to show that memory does
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -151,6 +155,12 @@ def run(cmd: list[str]) -> tuple[float, int]:
     return dt, peak.peak_kib * 1024
 
 
+def child_cpu_s() -> float:
+    """User + system CPU seconds of the children waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def shell_time(cmd: str) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, shell=True, check=True)
@@ -245,10 +255,15 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
         many(src, n)
         t_cp = shell_time(f"cp -r {src} {work / 'cp'} && sync")
         shutil.rmtree(work / "cp")
+        # CPU seconds (user + system, all threads) of each child too: on a shared machine wall
+        # time follows the other tenants' load, CPU time far less.
+        c0 = child_cpu_s()
         t_conv, _ = run([*exe, "convert", str(src), "--recipe", str(r), "--output", str(out),
                          "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
+        c1 = child_cpu_s()
         t_ver, _ = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
                         "--json"])  # fmt: skip
+        cpu_conv, cpu_ver = c1 - c0, child_cpu_s() - c1
         # Open time (import excluded) and the RssAnon the open artifact holds (kept alive).
         code = (
             "import re, time; from ninfer_convert.container import open_artifact\n"
@@ -261,17 +276,29 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
                                      capture_output=True).stdout.split()  # fmt: skip
         t_open, open_mb = float(t_text), int(kib) / 1024
         row = {"tensors": n, "cp_s": t_cp, "convert_s": t_conv, "verify_s": t_ver,
-               "open_s": t_open, "open_rss_mib": open_mb}  # fmt: skip
+               "open_s": t_open, "open_rss_mib": open_mb, "convert_cpu_s": cpu_conv,
+               "verify_cpu_s": cpu_ver}  # fmt: skip
         out_rows.append(row)
-        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} | {t_ver:.2f} | {t_open:.2f} | {open_mb:.0f} |",
-              flush=True)  # fmt: skip
+        # Issue 12's target: t <= 1.5 x cp + c x N with c < 50 us; this is c for this N.
+        beyond = {k: (row[k] - 1.5 * t_cp) / n * 1e6 for k in ("convert_s", "verify_s")}
+        row.update(convert_vs_cp=t_conv / t_cp, verify_vs_cp=t_ver / t_cp,
+                   convert_us_beyond_cp=beyond["convert_s"],
+                   verify_us_beyond_cp=beyond["verify_s"])  # fmt: skip
+        print(f"| {n} | {t_cp:.2f} | {t_conv:.2f} ({cpu_conv:.2f}) | {t_conv / t_cp:.0f}x | "
+              f"{beyond['convert_s']:.0f} | {t_ver:.2f} ({cpu_ver:.2f}) | {t_ver / t_cp:.0f}x | "
+              f"{beyond['verify_s']:.0f} | {t_open:.2f} | {open_mb:.0f} |", flush=True)  # fmt: skip
         shutil.rmtree(src)
         shutil.rmtree(out)
     if len(out_rows) >= 2:
         a, b = out_rows[0], out_rows[-1]
         dn = b["tensors"] - a["tensors"]
-        for key in ("convert_s", "verify_s", "open_s"):
-            print(f"per-tensor cost of {key[:-2]}: {(b[key] - a[key]) / dn * 1e6:.0f} us")
+        for key in ("convert_s", "verify_s", "open_s", "convert_cpu_s", "verify_cpu_s"):
+            print(f"per-tensor cost of {key[:-2].replace('_', ' ')} (slope {a['tensors']:.0f} -> "
+                  f"{b['tensors']:.0f}): {(b[key] - a[key]) / dn * 1e6:.0f} us")  # fmt: skip
+        for key in ("convert", "verify"):
+            ratio, beyond_us = b[key + "_vs_cp"], b[key + "_us_beyond_cp"]
+            print(f"{key} at {b['tensors']:.0f} tensors: {ratio:.0f}x cp; cost per tensor "
+                  f"beyond 1.5x cp {beyond_us:.0f} us (target < 50 us)")  # fmt: skip
         per_b = (b["open_rss_mib"] - a["open_rss_mib"]) / dn * 2**20
         print(f"per-tensor memory of open: {per_b:.0f} B")
     return out_rows
@@ -326,8 +353,10 @@ def main() -> None:
               "| vs cat | peak MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         results["paths"] = part_paths(args.workdir, args.mib, names, args.jobs)
     if args.counts:
-        print("| tensors | cp s | convert s | verify s | open s | open RssAnon MiB |\n"
-              "|---|---|---|---|---|---|")  # fmt: skip
+        print("| tensors | cp s | convert s (CPU s) | vs cp | convert us/tensor beyond 1.5x cp "
+              "| verify s (CPU s) | vs cp | verify us/tensor beyond 1.5x cp | open s "
+              "| open RssAnon MiB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         results["counts"] = part_counts(args.workdir, [int(c) for c in args.counts.split(",")],
                                         args.jobs)  # fmt: skip
     if args.sparse_gib > 0:

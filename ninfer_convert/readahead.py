@@ -16,6 +16,12 @@ requests in pieces (2 MiB or 128 KiB).
 
 Why a thread: submitting blocks while the device queue is full, and that must not stall an
 encoding worker.
+
+Inside :func:`batched` (every :meth:`ReadAheadWindow.started` top-up runs in one) a thread's
+requests are collected and submitted when the block ends, grouped per file in the order each
+file was first named, back-to-back ranges of one file (gaps up to one piece) merged into one
+request: thousands of tiny tensors cost one queue hand-over and one open per range, not per
+tensor.
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
-__all__ = ["CHUNK", "READ_AHEAD_BYTES", "ReadAheadWindow", "read_ahead"]
+__all__ = ["CHUNK", "READ_AHEAD_BYTES", "ReadAheadWindow", "batched", "read_ahead"]
 
 T = TypeVar("T")
 
@@ -45,16 +51,52 @@ _worker: threading.Thread | None = None
 _lock = threading.Lock()
 
 
+_batch = threading.local()  # .ranges: the calling thread's open :func:`batched` collection
+
+
 def read_ahead(path: str | os.PathLike[str], offset: int, length: int) -> None:
     """Ask for ``length`` bytes of ``path`` from ``offset`` to be read into the page cache."""
-    global _worker
     if length <= 0 or not hasattr(os, "posix_fadvise"):
         return
+    key = os.fspath(path)
+    ranges: dict[str, list[list[int]]] | None = getattr(_batch, "ranges", None)
+    if ranges is None:
+        _submit(key, offset, length)
+        return
+    # Inside batched(): merge with the previous range of the same file when this one starts
+    # within one piece after its end (back-to-back tiny tensors, alignment gaps included).
+    mine = ranges.setdefault(key, [])
+    if mine and mine[-1][1] <= offset <= mine[-1][1] + CHUNK:
+        mine[-1][1] = max(mine[-1][1], offset + length)
+    else:
+        mine.append([offset, offset + length])
+
+
+def _submit(path: str, offset: int, length: int) -> None:
+    global _worker
     with _lock:
         if _worker is None:
             _worker = threading.Thread(target=_run, name="ninfer-readahead", daemon=True)
             _worker.start()
     _requests.put((os.fspath(Path(path)), offset, length))
+
+
+@contextlib.contextmanager
+def batched() -> Iterator[None]:
+    """Collect this thread's :func:`read_ahead` requests and submit them on exit, back-to-back
+    ranges of one file merged into one request (one queue hand-over and one open per range
+    instead of per tensor: thousands of tiny tensors are requested in one window top-up)."""
+    if getattr(_batch, "ranges", None) is not None:  # nested: the outer one submits
+        yield
+        return
+    _batch.ranges = {}
+    try:
+        yield
+    finally:
+        ranges, _batch.ranges = _batch.ranges, None
+        for path, spans in ranges.items():
+            for start, end in spans:
+                _submit(path, start, end - start)
 
 
 def _run() -> None:
@@ -127,7 +169,7 @@ class ReadAheadWindow(Generic[T]):
         """Amortised O(1) per call: every item enters and leaves the running byte count of the
         window once (re-summing the window on every call made convert and verify quadratic in
         the tensor count when the window holds thousands of tiny tensors)."""
-        with self._lock:
+        with self._lock, batched():
             front = min(max(self._front, index + 1), len(self._items))
             if front > self._next:
                 # Items up to the furthest started one that are not requested yet are being

@@ -579,6 +579,39 @@ def test_small_reserved_tensors_reach_the_file_in_few_writes(
     assert _files(out) == _files(write(tmp_path / "p", False))
 
 
+@pytest.mark.parametrize("max_shard_size", [None, 600 << 10])
+def test_add_packed_after_small_reservations_writes_at_the_cursor(
+    tmp_path: Path, max_shard_size: int | None
+) -> None:
+    """Small reservations move the shard's cursor, not its file handle (no seek per tiny
+    tensor): a tensor added with add_packed afterwards, then a mapped reservation, still land
+    at their planned offsets, byte-identical to add_packed throughout."""
+    tensors = [(f"s{i}", "BF16", (1, 16)) for i in range(5)] + [
+        ("big", "BF16", (512, 512)),
+        ("t", "I32", (7,)),
+        ("u", "BF16", (256, 512)),
+    ]
+    packed = {
+        name: layout_for(fmt).pack(fmt, make_logical(fmt, shape, i))
+        for i, (name, fmt, shape) in enumerate(tensors)
+    }
+
+    def write(out: Path, reserve: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=64, max_shard_size=max_shard_size) as w:
+            for name, fmt, shape in tensors:
+                if reserve and name != "big":  # "big" is added in between
+                    res = w.reserve(name, fmt, shape, role="r", provenance=provenance(fmt))
+                    for dst, src in zip(res.planes, packed[name], strict=True):
+                        dst[...] = np.asarray(src).reshape(-1).view(np.uint8)
+                    w.complete(res)
+                else:
+                    w.add_packed(name, fmt, shape, packed[name], role="r",
+                                 provenance=provenance(fmt))  # fmt: skip
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
 def test_commit_refuses_reservations_never_completed(tmp_path: Path) -> None:
     w = ArtifactWriter(tmp_path / "m", metadata=META)
     with pytest.raises(UsageError, match="never completed"), w:

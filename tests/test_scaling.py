@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer_convert.convert import _bounded, convert_checkpoint
+from ninfer_convert.convert import _batches, _bounded, convert_checkpoint
+from ninfer_convert.verify.engine import _batches as _verify_batches
 from ninfer_convert.verify.engine import verify_artifact
 
 RECIPE = """\
@@ -43,22 +44,58 @@ def _many_tensors(root: Path, count: int) -> None:
     (root / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + words)
 
 
-def test_ten_thousand_tiny_tensors_convert_and_verify_in_seconds(tmp_path: Path) -> None:
-    # Before the fix: 10,000 one-element tensors took 6.8 s to convert and 50 s to verify
-    # (20,000: 28.7 s and 114 s), quadratic in the count; now about 3 + 3 s on a loaded
-    # 2-core VM.  The ceiling is generous for a noisy machine and far below the old times.
-    src, out = tmp_path / "src", tmp_path / "out"
-    _many_tensors(src, 10_000)
+def _convert_and_verify_cpu_s(tmp_path: Path, count: int) -> tuple[float, float, float]:
+    """CPU seconds of convert and of verify (all threads of this process: on a shared 2-core
+    VM wall time follows the other tenants' load, CPU time far less) and the wall seconds of
+    both together."""
+    src, out = tmp_path / f"src{count}", tmp_path / f"out{count}"
+    _many_tensors(src, count)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE)
-    t0 = time.perf_counter()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     convert_checkpoint(src, recipe, out, device="cpu", jobs=2)
-    convert_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    cpu1 = time.process_time()
     report = verify_artifact(out, source=src, jobs=2)
-    verify_s = time.perf_counter() - t0
+    cpu2, wall = time.process_time(), time.perf_counter() - wall0
     assert report.exit_code == 0, [c for c in report.checks if c.status == "fail"]
-    assert convert_s + verify_s < 40, (convert_s, verify_s)
+    return cpu1 - cpu0, cpu2 - cpu1, wall
+
+
+def test_twenty_thousand_tiny_tensors_cost_linear_cpu_time(tmp_path: Path) -> None:
+    # Before the per-tensor work: 20,000 one-element tensors took 28.7 s to convert and 114 s
+    # to verify (quadratic); then 13 s of CPU together.  With batched small tensors, one size
+    # plan and no collector passes 4.3 + 4.0 s of CPU (5,000: 0.9 + 0.8 s) under load
+    # average 19 on the 2-core VM, so the ceiling (about 2.5x) catches a regression of the
+    # per-tensor cost, not noise.  The wall ceiling only catches waits (sleeps, serialised
+    # hand-overs) that CPU time cannot see.
+    small = _convert_and_verify_cpu_s(tmp_path, 5_000)
+    big = _convert_and_verify_cpu_s(tmp_path, 20_000)
+    assert big[0] + big[1] < 20, big
+    assert big[2] < 240, big
+    # Linear: 4x the tensors cost at most 8x the CPU (quadratic would be 16x; the measured
+    # ratio is about 4.9).
+    assert big[0] + big[1] < 8 * (small[0] + small[1]), (small, big)
+
+
+def test_small_entries_are_batched_in_plan_order() -> None:
+    """Consecutive entries of at most 256 KiB share a worker task (at most 256 of them and
+    1 MiB); a larger entry is a task of its own, and nothing is reordered or dropped."""
+
+    class Entry:
+        def __init__(self, i: int, nbytes: int) -> None:
+            self.output, self.source_bytes = f"t{i}", nbytes
+
+    sizes = [2] * 600 + [300 << 10] + [200 << 10] * 7 + [256 << 10, 0, 5]
+    entries = [Entry(i, n) for i, n in enumerate(sizes)]
+    batches = list(_batches(entries))  # type: ignore[arg-type]
+    assert [e for b in batches for e in b.entries] == entries
+    assert [len(b.entries) for b in batches] == [256, 256, 88, 1, 5, 5]
+    assert all(b.source_bytes == sum(e.source_bytes for e in b.entries) for b in batches)
+    assert all(b.source_bytes <= 1 << 20 or len(b.entries) == 1 for b in batches)
+    names = [f"t{i}" for i in range(len(sizes))]
+    assert [len(b) for b in _verify_batches(names, lambda n: sizes[int(n[1:])])] == [
+        256, 256, 88, 1, 5, 5,
+    ]  # fmt: skip
 
 
 def test_in_flight_window_is_bounded_in_tensors_as_well_as_bytes() -> None:
@@ -78,7 +115,7 @@ def test_in_flight_window_is_bounded_in_tensors_as_well_as_bytes() -> None:
         fut.set_result(None)
         return fut
 
-    for done, _ in enumerate(_bounded(entries, submit, 1 << 30, max_items=8), start=1):  # type: ignore[arg-type]
+    for done, _ in enumerate(_bounded(entries, submit, 1 << 30, max_items=8), start=1):
         most = max(most, submitted - done + 1)
     assert submitted == 1000
     assert most <= 8

@@ -51,6 +51,7 @@ import contextlib
 import mmap
 import os
 import types
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ from ..layouts.base import plane_u8
 from ..logical import LogicalTensor
 from ..regular import open_regular
 from .checks import (
+    GeometryCache,
     check_alignment,
     check_provenance,
     check_side_file_name,
@@ -162,6 +164,17 @@ def _placement(cursor: int, nbytes: Iterable[int], alignment: int) -> tuple[list
     return offsets, cursor
 
 
+_Geometry = tuple[Layout, tuple[int, ...], Sequence[PlaneSpec], tuple[int, ...]]
+
+
+def _geometry_key(fmt_name: object, shape: object) -> tuple[str, tuple[int, ...]] | None:
+    """The cache key of a (format, shape) whose layout answer may be reused: exact types only
+    (a list, a numpy integer or a bool dimension takes the checked path every time)."""
+    if type(fmt_name) is str and type(shape) is tuple and all(type(d) is int for d in shape):
+        return fmt_name, shape
+    return None
+
+
 def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> bool:
     """docs/container.md section 8, "Sharding"."""
     return max_shard is not None and has_tensors and end > max_shard
@@ -188,10 +201,18 @@ def planned_size(
     sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
     cursors = [PRELUDE_SIZE]
     shards: list[list[TensorEntry]] = [[]]
+    geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
     for name, fmt_name, shape, role, provenance in tensors:
-        layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
-        dims = layout.check_shape(fmt_name, shape)
-        specs = layout.planes(fmt_name, dims)
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else geometry.get(key)
+        if known is None:
+            layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+            dims = layout.check_shape(fmt_name, shape)
+            known = (layout, dims, layout.planes(fmt_name, dims),
+                     layout.physical_extents(fmt_name, dims))  # fmt: skip
+            if key is not None:
+                geometry[key] = known
+        layout, dims, specs, physical = known
         offsets, end = _placement(cursors[-1], (s.nbytes for s in specs), alignment)
         if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
             cursors.append(PRELUDE_SIZE)
@@ -206,7 +227,7 @@ def planned_size(
             format=fmt_name,
             layout=layout.name,
             shape=dims,
-            physical=layout.physical_extents(fmt_name, dims),
+            physical=physical,
             planes=planes,
             role=role,
             provenance=Provenance.from_json(provenance, "provenance"),
@@ -405,7 +426,14 @@ class ArtifactWriter:
         self._side: dict[str, SideFile] = {}
         self._side_keys: dict[str, str] = {}  # side_file_key -> name or "folder/" (add_file)
         self._shards: list[_Shard] = []
-        self._reserved: list[Reservation] = []  # reserved, not yet completed, in order
+        self._reserved: deque[Reservation] = deque()  # reserved, not yet completed, in order
+        self._reserved_names: set[str] = set()
+        # (format, shape) -> (layout, dims, plane specs, physical extents) of shapes already
+        # accepted, and the header-entry check's own cache: a MoE checkpoint repeats a few
+        # shapes tens of thousands of times, and the layout's answer is the same each time.
+        self._geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
+        self._checked: GeometryCache = {}
+        self._layouts: dict[str, Layout] = {}
         self._inline: tuple[_Shard, int, bytearray] | None = None  # see _stage_inline
         self._lock = OutputLock(self.out_dir)
         self._area: StagingArea | None = None
@@ -598,30 +626,40 @@ class ArtifactWriter:
         recorded until :meth:`complete`.  The file gets the same bytes as ``add_packed`` of
         the same planes: the gaps are zero (a hole or written zeros read the same)."""
         self._require_open()
-        layout = self._layout(fmt_name)
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else self._geometry.get(key)
+        layout = self._layout(fmt_name) if known is None else known[0]
         prov = self._entry_checks(name, fmt_name, role, provenance)
-        if any(r.name == name for r in self._reserved):
+        if name in self._reserved_names:
             raise UsageError("tensor added twice", tensor=name)
-        try:
-            dims = layout.check_shape(fmt_name, shape)
-        except NinferError as exc:
-            raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
-        with _naming(name):
-            specs = layout.planes(fmt_name, dims)
-            physical = layout.physical_extents(fmt_name, dims)
+        if known is None:
+            try:
+                dims = layout.check_shape(fmt_name, shape)
+            except NinferError as exc:
+                raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
+            with _naming(name):
+                specs: Sequence[PlaneSpec] = tuple(layout.planes(fmt_name, dims))
+                physical = layout.physical_extents(fmt_name, dims)
+            if key is not None:
+                self._geometry[key] = (layout, dims, specs, physical)
+        else:
+            _, dims, specs, physical = known
         shard = self._place(specs)
         offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
-        handle.flush()
         start = shard.cursor - shard.cursor % mmap.ALLOCATIONGRANULARITY
         planes: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         mapped: mmap.mmap | None = None
         fd: int | None = None
         inline = sum(spec.nbytes for spec in specs) <= _INLINE_BYTES
         if inline:  # small: process memory, written at its offsets by complete()
+            # No flush or seek of the handle: every write through it seeks first (a seek per
+            # tiny tensor, with the GIL released and re-taken from busy workers, cost about
+            # 140 us).
             planes = [np.zeros(spec.nbytes, dtype=np.uint8) for spec in specs]
         elif end > shard.cursor:
+            handle.flush()
             try:
                 fd, mapped = self._map_region(shard, start, end)
             except OSError as exc:
@@ -635,11 +673,11 @@ class ArtifactWriter:
             ]
         else:
             planes = [np.zeros(0, dtype=np.uint8) for _ in specs]
-        handle.seek(end)
         shard.cursor = end
         res = Reservation(name, fmt_name, dims, role, prov, shard, offsets, planes, end, mapped,
                           inline, specs, physical, _PlaneSink(planes, offsets, fd))  # fmt: skip
         self._reserved.append(res)
+        self._reserved_names.add(name)
         return res
 
     @staticmethod
@@ -693,7 +731,7 @@ class ArtifactWriter:
             role=res.role,
             provenance=res.provenance,
         )
-        check_tensor_geometry(entry, f"tensor {res.name!r}")
+        check_tensor_geometry(entry, f"tensor {res.name!r}", self._checked)
         try:
             if res.inline:
                 self._stage_inline(res)
@@ -702,7 +740,8 @@ class ArtifactWriter:
         except OSError as exc:
             self.abort()
             raise self._resource(exc, f"writing tensor {res.name!r} to the staging area") from None
-        self._reserved.pop(0)
+        self._reserved.popleft()
+        self._reserved_names.discard(res.name)
         res.release()
         res.shard.tensors.append(entry)
         self._names.add(res.name)
@@ -756,7 +795,9 @@ class ArtifactWriter:
         """The shard the next tensor goes to (a new one when ``max_shard_size`` says so)."""
         shard = self._shards[-1]
         _, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
-        used = bool(shard.tensors) or any(r.shard is shard for r in self._reserved)
+        # Reservations are made in order and shards only ever follow each other: when any
+        # pending reservation is in this shard, the newest one is (O(1), not O(pending)).
+        used = bool(shard.tensors) or bool(self._reserved and self._reserved[-1].shard is shard)
         if _starts_new_shard(used, end, self.max_shard_size):
             # Pending reservations keep their own mappings of the finished shard; the commit's
             # fsync of each shard makes their bytes durable too.
@@ -765,7 +806,12 @@ class ArtifactWriter:
         return shard
 
     def _layout(self, fmt_name: str) -> Layout:
-        return check_combination(fmt_name, lookup_format(fmt_name).layout)
+        layout = self._layouts.get(fmt_name) if type(fmt_name) is str else None
+        if layout is None:
+            layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+            if type(fmt_name) is str:
+                self._layouts[fmt_name] = layout
+        return layout
 
     def _entry_checks(
         self,
@@ -838,6 +884,10 @@ class ArtifactWriter:
         handle = shard.handle
         if handle is None:  # pragma: no cover - the last shard is always open
             raise RuntimeError("current shard is closed")
+        # Queued small tensors first: a later one would otherwise pad its gap over this
+        # tensor's bytes.  Small reservations move the cursor, not the handle: seek to it.
+        self._flush_inline()
+        handle.seek(shard.cursor)
         entries = []
         for spec, view in zip(specs, views, strict=True):
             offset = align_up(shard.cursor, self.alignment)

@@ -21,6 +21,7 @@ The plan is deterministic (entries sorted by output name) and JSON-serialisable
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -881,8 +882,10 @@ def _reshape(shape: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]
     return new if prod == numel else None
 
 
+@functools.lru_cache(maxsize=4096)
 def _encoded_size(fmt: NumericFormat, shape: tuple[int, ...]) -> int | str:
-    """Bytes from the layout registry, or the layout's reason for refusing the shape."""
+    """Bytes from the layout registry, or the layout's reason for refusing the shape.  Cached
+    per (format, shape): a MoE checkpoint repeats a few shapes tens of thousands of times."""
     from ..layouts import lookup_layout  # lazy: layouts import numpy-heavy modules
 
     try:

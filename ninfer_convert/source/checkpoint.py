@@ -266,7 +266,10 @@ class SourceCheckpoint:
         for name in names:
             info = self.tensors.get(name)
             if info is not None and info.nbytes:
-                read_ahead(self._root / info.file, info.offset, info.nbytes)
+                fpath = self._paths.get(info.file)
+                if fpath is None:
+                    fpath = self._paths[info.file] = self._root / info.file
+                read_ahead(fpath, info.offset, info.nbytes)
 
     def read(self, name: str) -> SourceArray:
         """Read one tensor bit-exactly (see the module contract)."""

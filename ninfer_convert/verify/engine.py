@@ -39,7 +39,9 @@ Contract of :func:`verify_artifact`:
   direct formats and copy paths on every device: their planes are never built, and such a
   tensor is admitted at no cost); only a tensor that differs is derived whole, decoded by the
   reader and compared word by word.  The stored planes and source bytes of the tensors ahead
-  are read into the page cache in the background (:mod:`ninfer_convert.readahead`).  Results are
+  are read into the page cache in the background (:mod:`ninfer_convert.readahead`).
+  Consecutive small tensors (see :func:`_batches`) are checked one after the other by one
+  worker task; each is still checked, admitted and reported on its own.  Results are
   deterministic: findings are ordered by check, then by stored tensor order, whatever the
   scheduling.
 * ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
@@ -67,6 +69,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..container import Artifact, open_artifact
+from ..container.schema import paused_gc
 from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
 from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
@@ -967,11 +970,14 @@ def _recorded_metadata_findings(
         if info.role != entry.role:
             problems.append(f"role {info.role!r}, the recipe gives {entry.role!r}")
         try:
-            expected = Provenance.from_json(provenance_of(entry)).to_json()
+            parsed = Provenance.from_json(provenance_of(entry))
         except SchemaError as exc:  # pragma: no cover - convert writes exactly this
             problems.append(f"the recipe's provenance does not fit the schema: {exc}")
         else:
-            stored = info.entry.provenance.to_json()
+            # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
+            same = parsed == info.entry.provenance
+            expected = {} if same else parsed.to_json()
+            stored = {} if same else info.entry.provenance.to_json()
             for key in sorted(set(expected) | set(stored)):
                 if expected.get(key) != stored.get(key):
                     problems.append(
@@ -1106,7 +1112,8 @@ def verify_artifact(
             settings["device_used"] = prepared.ctx.device
 
         t0 = time.perf_counter()
-        outcomes = _run_tensors(art, names, prepared.ctx, jobs, emit)
+        with paused_gc():  # as in convert: nothing built per tensor is cyclic
+            outcomes = _run_tensors(art, names, prepared.ctx, jobs, emit)
         if prepared.ctx is not None:
             prepared.identity += _unused_source_digests(prepared.ctx, art)
         timings["tensors"] = time.perf_counter() - t0
@@ -1231,9 +1238,8 @@ def _run_tensors(
     budget = _ByteBudget(max(largest, _MIN_INFLIGHT_BYTES))
 
     position = {n: i for i, n in enumerate(names)}
-
-    def stored_and_source_bytes(name: str) -> int:
-        return art.tensors[name].nbytes + source_bytes(name)
+    sizes = {n: art.tensors[n].nbytes + source_bytes(n) for n in names}
+    stored_and_source_bytes = sizes.__getitem__
 
     def prefetch(name: str) -> None:
         art.prefetch(name)
@@ -1249,7 +1255,6 @@ def _run_tensors(
         nonlocal done
         held = costs[name]
         budget.acquire(held)
-        ahead.started(position[name])
 
         def reserve(nbytes: int) -> None:
             nonlocal held
@@ -1269,8 +1274,44 @@ def _run_tensors(
         emit("tensors", count, total, name)
         return result
 
+    def work_batch(batch: list[str]) -> list[_TensorOutcome]:
+        # One read-ahead top-up per batch: started() requests every tensor up to the last.
+        ahead.started(position[batch[-1]])
+        return [work(n) for n in batch]
+
+    batches = _batches(names, lambda n: max(costs[n], stored_and_source_bytes(n)))
     if jobs == 1 or total <= 1:
-        return [work(n) for n in names]
+        return [o for b in batches for o in work_batch(b)]
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-verify") as pool:
         # map keeps the stored order of the results whatever order the workers finish in.
-        return list(pool.map(work, names))
+        return [o for outcomes in pool.map(work_batch, batches) for o in outcomes]
+
+
+_SMALL_TENSOR_BYTES = 256 << 10
+_BATCH_TENSORS = 256
+_BATCH_BYTES = 1 << 20
+
+
+def _batches(names: list[str], nbytes: Callable[[str], int]) -> list[list[str]]:
+    """Consecutive tensors of at most :data:`_SMALL_TENSOR_BYTES` (stored plus source bytes,
+    or admission cost when larger) checked by one worker task, at most :data:`_BATCH_TENSORS`
+    of them and :data:`_BATCH_BYTES` bytes; every larger tensor is a task of its own.  Why:
+    one task per tiny tensor made the futures and the hand-overs between threads cost more
+    than the checks (about 290 us per tensor at 100,000 tensors)."""
+    out: list[list[str]] = []
+    run: list[str] = []
+    run_bytes = 0
+    for name in names:
+        size = nbytes(name)
+        small = size <= _SMALL_TENSOR_BYTES
+        if run and (not small or len(run) >= _BATCH_TENSORS or run_bytes + size > _BATCH_BYTES):
+            out.append(run)
+            run, run_bytes = [], 0
+        if small:
+            run.append(name)
+            run_bytes += size
+        else:
+            out.append([name])
+    if run:
+        out.append(run)
+    return out
