@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-__all__ = ["MAX_JSON_DEPTH", "nesting_problem"]
+__all__ = ["MAX_JSON_DEPTH", "nesting_problem", "scan"]
 
 MAX_JSON_DEPTH = 64
 
@@ -33,17 +33,44 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 def nesting_problem(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
     """Offset in ``text`` of the first bracket nested deeper than ``limit``, else ``None``."""
+    return scan(text, limit)[0]
+
+
+def scan(text: str, limit: int = MAX_JSON_DEPTH) -> tuple[int | None, int]:
+    """``(nesting_problem(text, limit), members)`` in one pass over the text.
+
+    ``members`` counts the colons outside string literals: in valid JSON, exactly the number of
+    object members (key-value pairs, all levels included), whatever keys repeat.  A reader
+    that parses without a per-object hook compares it with the members it kept to learn that
+    some object repeats a key (and only then parses again to name it)."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if "[" not in text and "{" not in text:
-        return None
+        return None, text.count(":")
     # First without the offsets: every string literal replaced by "" in C (no Python call per
     # string; a 100,000-tensor header has millions) leaves the same brackets in the same
-    # order, so it decides whether any is too deep.  Only then are the offsets recovered.
-    if _too_deep(_STRING.sub('""', text), limit) is None:
-        return None
+    # order, so it decides whether any is too deep, from the brackets alone (deleted out of
+    # the bytes in C, so the arrays below are a few bytes per object, not 4 per character).
+    # Only then are the offsets recovered.
+    emptied = _STRING.sub('""', text)
+    members = emptied.count(":")
+    brackets = emptied.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    if _deepest(brackets) <= limit:
+        return None, members
     # Blank out string literals (same length, so offsets stay true), then walk brackets only.
-    return _too_deep(_STRING.sub(lambda m: " " * len(m.group(0)), text), limit)
+    return _too_deep(_STRING.sub(lambda m: " " * len(m.group(0)), text), limit), members
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _deepest(brackets: bytes) -> int:
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    if not codes.size:
+        return 0
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    steps = opens.astype(np.int32) * 2 - 1
+    return int(np.cumsum(steps, dtype=np.int64).max())
 
 
 def _too_deep(blanked: str, limit: int) -> int | None:
