@@ -240,3 +240,31 @@ def test_offsets_beyond_the_fast_bound_take_the_checked_path() -> None:
     with pytest.raises(schema.SchemaError) as info:
         Header.from_json(header)
     assert info.value.where == "tensors[0].planes[0].offset"
+
+
+_KEYS = st.sampled_from(["k", "a:b", '"', "\\", '\\"', '":', '\\\\":', "é", " :"])
+_DOCS = st.recursive(
+    _JSON_LEAF | _KEYS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS | _TEXT, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=_DOCS,
+    separators=st.sampled_from([(",", ":"), (", ", ": "), (",", " : "), (",\n", ":\t")]),
+    ascii_only=st.booleans(),
+)
+def test_compact_member_count_is_the_scan_count_or_none(
+    doc: Any, separators: tuple[str, str], ascii_only: bool
+) -> None:
+    # The reader's cheap count of object members (no pass over the string literals) must be
+    # exact whenever it answers; it hands over to scan when whitespace precedes a colon.
+    from ninfer_convert.jsonlimits import compact_members
+
+    text = json.dumps(doc, separators=separators, ensure_ascii=ascii_only)
+    got = compact_members(text)
+    if separators[1].startswith(":"):
+        assert got is not None or '"' + " " in text or '"\n' in text or '"\t' in text
+    assert got is None or got == scan(text, 10_000)[1], text

@@ -47,7 +47,7 @@ import numpy.typing as npt
 import xxhash
 
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
-from ..jsonlimits import scan
+from ..jsonlimits import compact_members, scan
 from ..layouts import LAYOUTS, Rows, RowSplitK128
 from ..logical import DirectWords, GroupedCodes, LogicalTensor
 from ..readahead import read_ahead
@@ -160,32 +160,9 @@ class TensorInfo:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> tuple[Any, int]:
-    """Strict JSON: UTF-8 only, no NaN/Infinity, bounded integers/nesting; returns the value and
-    the number of object members in the text.
-
-    Duplicate keys: the C parser runs without a per-object hook (which cost a Python call per
-    object), so an object that repeats a key keeps its last value; the member count from
-    :func:`~ninfer_convert.jsonlimits.scan` lets the caller tell: a schema-valid document has
-    exactly as many members as its typed value (``json_pairs()``), so any difference is a
-    repeated key, which :func:`_refuse_repeated_keys` then names.  ``depth`` bounds the bracket
-    nesting of the whole document, checked before the parser (which recurses once per level)
-    runs."""
-
-    text = _utf8(raw, what, path)
-    deep, members = scan(text, depth)
-    if deep is not None:
-        raise ArtifactError(
-            f"{what} JSON is nested too deeply: deeper than {depth} levels at character {deep}",
-            path=str(path),
-            hint="not a file this tool writes; it may be hostile",
-        )
-    return _parse(text, what, path, None), members
-
-
-def _refuse_repeated_keys(raw: bytes, what: str, path: Path) -> None:
+def _refuse_repeated_keys(text: str, what: str, path: Path) -> None:
     """Parse again with a hook on every object and raise the first repeated key, if any (the
-    slow path of :func:`_json_loads`'s duplicate detection; the text already passed it once)."""
+    slow path of :func:`_typed`'s duplicate detection)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(items)
@@ -197,7 +174,7 @@ def _refuse_repeated_keys(raw: bytes, what: str, path: Path) -> None:
                 seen.add(key)
         return out
 
-    _parse(_utf8(raw, what, path), what, path, pairs)
+    _parse(text, what, path, pairs)
 
 
 def _utf8(raw: bytes, what: str, path: Path) -> str:
@@ -237,7 +214,7 @@ def _parse(
             f"{what} contains an escaped lone surrogate, which is not Unicode text",
             path=str(path),
         ) from None
-    except RecursionError:  # pragma: no cover - scan bounds the depth first
+    except RecursionError:  # the first parse of a hostile document; the checked order follows
         raise ArtifactError(f"{what} JSON is nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:
         raise ArtifactError(
@@ -248,19 +225,57 @@ def _parse(
         raise ArtifactError(f"{what} is not acceptable JSON: {exc}", path=str(path)) from None
 
 
+def _checked_shape(text: str, what: str, path: Path, depth: int) -> int:
+    """The object members of ``text``, after refusing nesting deeper than ``depth`` (bracket
+    levels of the whole document, checked by :func:`~ninfer_convert.jsonlimits.scan` without
+    recursion)."""
+    deep, members = scan(text, depth)
+    if deep is not None:
+        raise ArtifactError(
+            f"{what} JSON is nested too deeply: deeper than {depth} levels at character {deep}",
+            path=str(path),
+            hint="not a file this tool writes; it may be hostile",
+        )
+    return members
+
+
 _S = TypeVar("_S", Header, IndexFile)
+_UNPARSED = object()
 
 
-def _typed(cls: type[_S], value: Any, members: int, raw: bytes, what: str, path: Path) -> _S:
-    """``cls.from_json(value)``, with repeated JSON keys reported before anything the schema
-    says (a repeated key is refused whatever else the document holds)."""
+def _typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) -> _S:
+    """The header or index in ``raw``: strict JSON (UTF-8 only, no repeated keys, no
+    NaN/Infinity, bounded integers and nesting) that fits the schema ``cls``.
+
+    A document is refused for the first of: not UTF-8; nested deeper than ``depth``; not JSON;
+    a repeated key; what the schema says.  The common case is cheaper than that order: the C
+    parser runs first, without a per-object hook (which cost a Python call per object), so an
+    object that repeats a key keeps its last value.  The members in the text
+    (:func:`~ninfer_convert.jsonlimits.compact_members`, or :func:`scan` when whitespace
+    precedes a colon) then tell: a schema-valid document has exactly as many members as its
+    typed value (``json_pairs()``), so any difference is a repeated key, which
+    :func:`_refuse_repeated_keys` names.  A schema-valid document nests at most 7 levels plus
+    ``config``'s bounded depth, so it is within ``depth``; the parser itself stops at
+    Python's recursion limit.  Whenever the parse or the schema refuses, the full order above
+    runs, so the message is the one that order gives."""
+    text = _utf8(raw, what, path)
+    members = compact_members(text)
+    value: Any = _UNPARSED
+    if members is not None:
+        with contextlib.suppress(ArtifactError):
+            value = _parse(text, what, path, None)
+    if value is _UNPARSED or members is None:
+        members = _checked_shape(text, what, path, depth)
+        value = _parse(text, what, path, None)
     try:
         typed = cls.from_json(value)
     except SchemaError as exc:
-        _refuse_repeated_keys(raw, what, path)
+        _checked_shape(text, what, path, depth)
+        _refuse_repeated_keys(text, what, path)
         raise ArtifactError(f"invalid {what}: {exc.where}: {exc.message}", path=str(path)) from None
+    del value  # the parsed JSON is freed here, while the collector is paused
     if typed.json_pairs() != members:
-        _refuse_repeated_keys(raw, what, path)
+        _refuse_repeated_keys(text, what, path)
         raise ArtifactError(  # pragma: no cover - only a repeated key makes the counts differ
             f"{what} holds {members} object members but its schema reads {typed.json_pairs()}",
             path=str(path),
@@ -496,9 +511,7 @@ class _Container:
                 hint="run verify, or open with check_header_digest=False to inspect it",
             )
         self.header_offset = h_off
-        value, members = _json_loads(raw, "header", self.path, _HEADER_DEPTH)
-        header = _typed(Header, value, members, raw, "header", self.path)
-        del value  # the parsed JSON is freed here, while the collector is paused
+        header = _typed(Header, raw, "header", self.path, _HEADER_DEPTH)
         try:
             check_alignment(header.artifact.alignment)
             names: set[str] = set()
@@ -667,8 +680,7 @@ def _open_index(
         raw = read_bounded(fd, st.st_size, where)
     finally:
         os.close(fd)
-    value, members = _json_loads(raw, "index", index_path, _INDEX_DEPTH)
-    index = _typed(IndexFile, value, members, raw, "index", index_path)
+    index = _typed(IndexFile, raw, "index", index_path, _INDEX_DEPTH)
     if canonical_json(index.to_json()) != raw:
         raise ArtifactError(
             "index is not in canonical JSON form (sorted keys, no whitespace, UTF-8)",
