@@ -8,6 +8,12 @@ reader of an untrusted JSON document (safetensors headers, ``model.safetensors.i
 typed error naming the file instead of a ``RecursionError`` inside ``json.loads`` (whose C
 scanner recurses once per level).
 
+The ``.ninfer`` reader is the one exception to "first": it parses first and runs the scan only
+when the parse or its schema refuses the document, because a schema-valid header is shallow by
+construction (container/reader.py ``_typed``).  :func:`scan` also counts the object members
+(colons outside strings), and :func:`compact_members` counts them without a pass over the
+string literals; that reader compares the count with its typed value to find repeated keys.
+
 :data:`MAX_JSON_DEPTH` is far above what any real header needs (ours nest 6 levels, Hugging
 Face configs about 5) and far below Python's recursion limit.
 """
@@ -18,7 +24,7 @@ import re
 
 import numpy as np
 
-__all__ = ["MAX_JSON_DEPTH", "nesting_problem"]
+__all__ = ["MAX_JSON_DEPTH", "compact_members", "nesting_problem", "scan"]
 
 MAX_JSON_DEPTH = 64
 
@@ -33,17 +39,65 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 def nesting_problem(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
     """Offset in ``text`` of the first bracket nested deeper than ``limit``, else ``None``."""
+    return scan(text, limit)[0]
+
+
+def scan(text: str, limit: int = MAX_JSON_DEPTH) -> tuple[int | None, int]:
+    """``(nesting_problem(text, limit), members)`` in one pass over the text.
+
+    ``members`` counts the colons outside string literals: in valid JSON, exactly the number of
+    object members (key-value pairs, all levels included), whatever keys repeat.  A reader
+    that parses without a per-object hook compares it with the members it kept to learn that
+    some object repeats a key (and only then parses again to name it)."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if "[" not in text and "{" not in text:
-        return None
+        return None, 0  # no object, so no member (a colon here is inside a string)
     # First without the offsets: every string literal replaced by "" in C (no Python call per
     # string; a 100,000-tensor header has millions) leaves the same brackets in the same
-    # order, so it decides whether any is too deep.  Only then are the offsets recovered.
-    if _too_deep(_STRING.sub('""', text), limit) is None:
-        return None
+    # order, so it decides whether any is too deep, from the brackets alone (deleted out of
+    # the bytes in C, so the arrays below are a few bytes per object, not 4 per character).
+    # Only then are the offsets recovered.
+    emptied = _STRING.sub('""', text)
+    members = emptied.count(":")
+    brackets = emptied.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    if _deepest(brackets) <= limit:
+        return None, members
     # Blank out string literals (same length, so offsets stay true), then walk brackets only.
-    return _too_deep(_STRING.sub(lambda m: " " * len(m.group(0)), text), limit)
+    return _too_deep(_STRING.sub(lambda m: " " * len(m.group(0)), text), limit), members
+
+
+def compact_members(text: str) -> int | None:
+    """The object members of ``text`` if it is valid JSON, counted without a scan of its string
+    literals; ``None`` when a quote is followed by whitespace and a colon anywhere (then
+    :func:`scan` counts them).
+
+    Why it is exact for valid JSON: with every escaped backslash removed, a backslash-quote is
+    an escaped quote, and any other quote delimits a string.  Each member is a key string whose
+    closing quote is followed by its colon (no whitespace between them, which the ``None``
+    case leaves to :func:`scan`), and a quote followed by a colon anywhere else is an escaped
+    quote inside a string.  For text that is not valid JSON the number means nothing; callers
+    use it only for text the parser accepted."""
+    if any(q in text for q in _QUOTE_SPACE) and _QUOTE_SPACE_COLON.search(text) is not None:
+        return None
+    if "\\" in text:
+        text = text.replace("\\\\", "")
+    return text.count('":') - text.count('\\":')
+
+
+_QUOTE_SPACE = ('" ', '"\t', '"\n', '"\r')
+_QUOTE_SPACE_COLON = re.compile(r'"[ \t\n\r]+:')
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _deepest(brackets: bytes) -> int:
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    if not codes.size:
+        return 0
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    steps = opens.astype(np.int32) * 2 - 1
+    return int(np.cumsum(steps, dtype=np.int64).max())
 
 
 def _too_deep(blanked: str, limit: int) -> int | None:

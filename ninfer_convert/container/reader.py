@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import math
 import mmap
@@ -35,18 +36,18 @@ import os
 import re
 import stat
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
-from ..jsonlimits import nesting_problem
+from ..jsonlimits import compact_members, scan
 from ..layouts import LAYOUTS, Rows, RowSplitK128
 from ..logical import DirectWords, GroupedCodes, LogicalTensor
 from ..readahead import read_ahead
@@ -62,6 +63,7 @@ from .schema import (
     ArtifactMeta,
     Header,
     IndexFile,
+    PlaneEntry,
     SchemaError,
     SideFile,
     TensorEntry,
@@ -88,36 +90,56 @@ __all__ = ["Artifact", "PlaneInfo", "TensorInfo", "open_artifact"]
 _HASH_CHUNK = 64 << 20
 
 
-@dataclass(frozen=True)
-class PlaneInfo:
-    """One stored plane: name, absolute byte offset in its file, size, and xxh3-128 hex digest."""
-
-    name: str
-    offset: int
-    nbytes: int
-    digest: str
+PlaneInfo = PlaneEntry
+"""One stored plane: the header's own :class:`~ninfer_convert.container.schema.PlaneEntry`
+(name, absolute byte offset in its file, size, and xxh3-128 hex digest)."""
 
 
-@dataclass(frozen=True, eq=False)
 class TensorInfo:
-    """Header facts of one stored tensor (no payload access)."""
+    """Header facts of one stored tensor (no payload access): the typed header entry with the
+    file that holds it.  The entry's fields are read through it, not copied (a 100,000-tensor
+    artifact opens without building a second object per tensor and plane)."""
 
-    name: str
-    format: str
-    """Canonical format name, a plain string (e.g. ``"Q4G64_F16S"``)."""
-    layout: str
-    shape: tuple[int, ...]
-    """Logical shape."""
-    physical: tuple[int, ...]
-    """Padded extents as stored (layout-defined)."""
-    planes: tuple[PlaneInfo, ...]
-    role: str
-    file: Path
-    """The container file holding the tensor."""
-    shard: int
-    """1-based shard number (1 for a single file)."""
-    entry: TensorEntry
-    """The typed header entry."""
+    __slots__ = ("entry", "file", "shard")
+
+    def __init__(self, entry: TensorEntry, file: Path, shard: int) -> None:
+        self.entry = entry
+        """The typed header entry."""
+        self.file = file
+        """The container file holding the tensor."""
+        self.shard = shard
+        """1-based shard number (1 for a single file)."""
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def format(self) -> str:
+        """Canonical format name, a plain string (e.g. ``"Q4G64_F16S"``)."""
+        return self.entry.format
+
+    @property
+    def layout(self) -> str:
+        return self.entry.layout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape."""
+        return self.entry.shape
+
+    @property
+    def physical(self) -> tuple[int, ...]:
+        """Padded extents as stored (layout-defined)."""
+        return self.entry.physical
+
+    @property
+    def planes(self) -> tuple[PlaneEntry, ...]:
+        return self.entry.planes
+
+    @property
+    def role(self) -> str:
+        return self.entry.role
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -129,22 +151,22 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         """Stored bytes of all planes (alignment gaps excluded)."""
-        return sum(p.nbytes for p in self.planes)
+        return sum(p.nbytes for p in self.entry.planes)
+
+    def __repr__(self) -> str:
+        return f"TensorInfo({self.entry!r}, file={str(self.file)!r}, shard={self.shard})"
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
-    """Strict JSON: UTF-8 only, no duplicate keys, no NaN/Infinity, bounded integers/nesting.
-
-    ``depth`` bounds the bracket nesting of the whole document; it is checked by
-    :func:`~ninfer_convert.jsonlimits.nesting_problem` before the parser (which recurses once
-    per level) runs."""
+def _refuse_repeated_keys(text: str, what: str, path: Path) -> None:
+    """Parse again with a hook on every object and raise the first repeated key, if any (the
+    slow path of :func:`_typed`'s duplicate detection)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(items)
-        if len(out) != len(items):  # rare: find the first repeated key for the message
+        if len(out) != len(items):  # find the first repeated key for the message
             seen: set[str] = set()
             for key, _ in items:
                 if key in seen:
@@ -152,6 +174,21 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
                 seen.add(key)
         return out
 
+    _parse(text, what, path, pairs)
+
+
+def _utf8(raw: bytes, what: str, path: Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(
+            f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})", path=str(path)
+        ) from None
+
+
+def _parse(
+    text: str, what: str, path: Path, hook: Callable[[list[tuple[str, Any]]], Any] | None
+) -> Any:
     def finite(literal: str) -> float:
         # A literal such as 1e999 parses to inf, which is not JSON either.
         number = float(literal)
@@ -163,21 +200,8 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
         raise ArtifactError(f"{what} contains {name}, which is not JSON", path=str(path))
 
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArtifactError(
-            f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason})", path=str(path)
-        ) from None
-    deep = nesting_problem(text, depth)
-    if deep is not None:
-        raise ArtifactError(
-            f"{what} JSON is nested too deeply: deeper than {depth} levels at character {deep}",
-            path=str(path),
-            hint="not a file this tool writes; it may be hostile",
-        )
-    try:
         value = json.loads(
-            text, object_pairs_hook=pairs, parse_constant=constant, parse_float=finite
+            text, object_pairs_hook=hook, parse_constant=constant, parse_float=finite
         )
         # A \ud800 escape parses to a lone surrogate, which is not Unicode text: refuse it, so
         # every accepted string can be written back as UTF-8.  Only a \uD800-\uDFFF escape
@@ -190,7 +214,7 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
             f"{what} contains an escaped lone surrogate, which is not Unicode text",
             path=str(path),
         ) from None
-    except RecursionError:  # pragma: no cover - nesting_problem bounds the depth first
+    except RecursionError:  # the first parse of a hostile document; the checked order follows
         raise ArtifactError(f"{what} JSON is nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:
         raise ArtifactError(
@@ -199,6 +223,64 @@ def _json_loads(raw: bytes, what: str, path: Path, depth: int) -> Any:
         ) from None
     except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
         raise ArtifactError(f"{what} is not acceptable JSON: {exc}", path=str(path)) from None
+
+
+def _checked_shape(text: str, what: str, path: Path, depth: int) -> int:
+    """The object members of ``text``, after refusing nesting deeper than ``depth`` (bracket
+    levels of the whole document, checked by :func:`~ninfer_convert.jsonlimits.scan` without
+    recursion)."""
+    deep, members = scan(text, depth)
+    if deep is not None:
+        raise ArtifactError(
+            f"{what} JSON is nested too deeply: deeper than {depth} levels at character {deep}",
+            path=str(path),
+            hint="not a file this tool writes; it may be hostile",
+        )
+    return members
+
+
+_S = TypeVar("_S", Header, IndexFile)
+_UNPARSED = object()
+
+
+def _typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) -> _S:
+    """The header or index in ``raw``: strict JSON (UTF-8 only, no repeated keys, no
+    NaN/Infinity, bounded integers and nesting) that fits the schema ``cls``.
+
+    A document is refused for the first of: not UTF-8; nested deeper than ``depth``; not JSON;
+    a repeated key; what the schema says.  The common case is cheaper than that order: the C
+    parser runs first, without a per-object hook (which cost a Python call per object), so an
+    object that repeats a key keeps its last value.  The members in the text
+    (:func:`~ninfer_convert.jsonlimits.compact_members`, or :func:`scan` when whitespace
+    precedes a colon) then tell: a schema-valid document has exactly as many members as its
+    typed value (``json_pairs()``), so any difference is a repeated key, which
+    :func:`_refuse_repeated_keys` names.  A schema-valid document nests at most 7 levels plus
+    ``config``'s bounded depth, so it is within ``depth``; the parser itself stops at
+    Python's recursion limit.  Whenever the parse or the schema refuses, the full order above
+    runs, so the message is the one that order gives."""
+    text = _utf8(raw, what, path)
+    members = compact_members(text)
+    value: Any = _UNPARSED
+    if members is not None:
+        with contextlib.suppress(ArtifactError):
+            value = _parse(text, what, path, None)
+    if value is _UNPARSED or members is None:
+        members = _checked_shape(text, what, path, depth)
+        value = _parse(text, what, path, None)
+    try:
+        typed = cls.from_json(value)
+    except SchemaError as exc:
+        _checked_shape(text, what, path, depth)
+        _refuse_repeated_keys(text, what, path)
+        raise ArtifactError(f"invalid {what}: {exc.where}: {exc.message}", path=str(path)) from None
+    del value  # the parsed JSON is freed here, while the collector is paused
+    if typed.json_pairs() != members:
+        _refuse_repeated_keys(text, what, path)
+        raise ArtifactError(  # pragma: no cover - only a repeated key makes the counts differ
+            f"{what} holds {members} object members but its schema reads {typed.json_pairs()}",
+            path=str(path),
+        )
+    return typed
 
 
 # Bracket levels of a header: the root, ``artifact`` and ``source`` objects, then the free-form
@@ -429,9 +511,8 @@ class _Container:
                 hint="run verify, or open with check_header_digest=False to inspect it",
             )
         self.header_offset = h_off
-        value = _json_loads(raw, "header", self.path, _HEADER_DEPTH)
+        header = _typed(Header, raw, "header", self.path, _HEADER_DEPTH)
         try:
-            header = Header.from_json(value)
             check_alignment(header.artifact.alignment)
             names: set[str] = set()
             layouts: GeometryCache = {}
@@ -599,11 +680,7 @@ def _open_index(
         raw = read_bounded(fd, st.st_size, where)
     finally:
         os.close(fd)
-    value = _json_loads(raw, "index", index_path, _INDEX_DEPTH)
-    try:
-        index = IndexFile.from_json(value)
-    except SchemaError as exc:
-        raise ArtifactError(f"invalid index: {exc.where}: {exc.message}", path=where) from None
+    index = _typed(IndexFile, raw, "index", index_path, _INDEX_DEPTH)
     if canonical_json(index.to_json()) != raw:
         raise ArtifactError(
             "index is not in canonical JSON form (sorted keys, no whitespace, UTF-8)",
@@ -716,8 +793,6 @@ class Artifact:
         first = containers[0].header
         self.meta: ArtifactMeta = first.artifact
         """Typed artifact metadata."""
-        self.metadata: dict[str, Any] = first.artifact.to_json()
-        """Artifact-level metadata as stored (producer, recipe, source, alignment)."""
         self.side_files: Mapping[str, SideFile] = {f.name: f for f in first.files}
         """Non-weight files of the model directory, recorded with size and digest."""
         self.shard_count = first.shard.count
@@ -737,18 +812,7 @@ class Artifact:
                         path=where,
                         tensor=t.name,
                     )
-                tensors[t.name] = TensorInfo(
-                    name=t.name,
-                    format=t.format,
-                    layout=t.layout,
-                    shape=t.shape,
-                    physical=t.physical,
-                    planes=tuple(PlaneInfo(p.name, p.offset, p.nbytes, p.digest) for p in t.planes),
-                    role=t.role,
-                    file=c.path,
-                    shard=h.shard.index if index is None else number,
-                    entry=t,
-                )
+                tensors[t.name] = TensorInfo(t, c.path, h.shard.index if index is None else number)
                 self._owner[t.name] = c
         if index is not None:
             where = str(index_path)
@@ -789,6 +853,12 @@ class Artifact:
         except BaseException:
             self._close_side()
             raise
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, Any]:
+        """Artifact-level metadata as stored (producer, recipe, source, alignment); built on
+        first use (its source tensor table is as long as the model's tensor list)."""
+        return self.meta.to_json()
 
     # -- files -------------------------------------------------------------------------------
 

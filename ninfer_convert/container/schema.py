@@ -1,10 +1,28 @@
 """The one schema of the container header and the shard index (docs/container.md).
 
-Contract: each JSON object of the header is a frozen dataclass here with ``to_json()`` (returns
-plain JSON values, ready for :func:`~ninfer_convert.container.wire.canonical_json`) and
-``from_json(value, where)`` (validates strictly and raises :class:`SchemaError`).  The writer
-validates what it is given and the reader validates what it reads with the same functions, so
-a file the writer produces always passes the reader, and nothing else does.
+Contract: each JSON object of the header is a frozen dataclass here whose fields carry a field
+spec (``Str``, ``Int``, ``Seq``, ``Obj``, ``OneOf``, ``Map``, ``Json``, ``Opt``); the
+:func:`schema` decorator generates from those specs, once at import, everything else the class
+does with JSON:
+
+* ``to_json()`` returns plain JSON values, ready for
+  :func:`~ninfer_convert.container.wire.canonical_json` (constant keys such as a transform's
+  ``op`` first, then the fields in declaration order; a field declared ``omit_none`` is left out
+  when it is ``None``);
+* ``from_json(value, where)`` validates strictly and raises :class:`SchemaError`; it also
+  accepts an instance of the class, which it returns unchanged;
+* ``checked_from_json(value, where)`` is the field-by-field validation that names the failing
+  field.  Classes declared with ``fast=NAME`` also get a decoder compiled from the specs (bound
+  to the module global ``NAME``) that checks a plain parsed dict without building error paths
+  and returns ``None`` on any doubt; ``from_json`` tries it first and falls back to the checked
+  path, which finds the same problem and names it.  The fast decoder accepts exactly what the
+  checked path accepts and builds the same value (tests/test_schema_fast_path.py);
+* ``json_pairs()`` is the number of object members of ``to_json()``'s value, all levels
+  included, without building it (the reader compares it with the members in the text to find
+  duplicate keys without a per-object hook).
+
+The writer validates what it is given and the reader validates what it reads with the same
+functions, so a file the writer produces always passes the reader, and nothing else does.
 
 Strictness: every object has a fixed key set (unknown or missing keys are errors), every value
 has one JSON type (a bool is never an int, a float is never an int), integers lie in a stated
@@ -19,10 +37,11 @@ reader turns it into :class:`~ninfer_convert.errors.ArtifactError` and the write
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -52,6 +71,7 @@ __all__ = [
     "TensorEntry",
     "Transform",
     "TransposeTransform",
+    "json_pairs",
     "paused_gc",
     "transform_from_json",
 ]
@@ -85,7 +105,7 @@ def paused_gc() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Primitive checks
+# Primitive checks (the checked path's vocabulary and its messages)
 
 
 def _obj(value: object, where: str, keys: frozenset[str]) -> Mapping[str, Any]:
@@ -115,10 +135,6 @@ def _str(value: object, where: str, *, nonempty: bool = False) -> str:
     return value
 
 
-def _opt_str(value: object, where: str) -> str | None:
-    return None if value is None else _str(value, where)
-
-
 def _int(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> int:
     # bool is an int subclass in Python; JSON true is not a number.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -135,29 +151,14 @@ def _list(value: object, where: str) -> Sequence[Any]:
 
 
 def _fast_ints(value: object, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...] | None:
-    """The checks of :func:`_ints` for a list of plain ints, without building error paths;
-    ``None`` when anything is unusual (the caller then runs the checked path)."""
+    """The checks of ``Seq(Int(lo, hi))`` for a list of plain ints, without building error
+    paths; ``None`` when anything is unusual (the caller then runs the checked path)."""
     if type(value) is not list and type(value) is not tuple:
         return None
     for v in value:
         if type(v) is not int or not lo <= v <= hi:
             return None
     return tuple(value)
-
-
-def _ints(value: object, where: str, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
-    return tuple(_int(v, f"{where}[{i}]", lo, hi) for i, v in enumerate(_list(value, where)))
-
-
-def _strs(value: object, where: str) -> tuple[str, ...]:
-    return tuple(_str(v, f"{where}[{i}]") for i, v in enumerate(_list(value, where)))
-
-
-def _digest(value: object, where: str) -> str:
-    text = _str(value, where)
-    if not DIGEST_HEX_RE.fullmatch(text):
-        raise SchemaError(where, f"digest {text[:80]!r} is not 32 lowercase hex digits")
-    return text
 
 
 def _kind(value: object) -> str:
@@ -176,6 +177,10 @@ def _kind(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "an array"
     return type(value).__name__
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
 
 
 def json_value(value: object, where: str, depth: int = 0) -> Any:
@@ -202,769 +207,811 @@ def json_value(value: object, where: str, depth: int = 0) -> Any:
     raise SchemaError(where, f"{type(value).__name__} is not a JSON value")
 
 
-_T = TypeVar("_T")
+def json_pairs(value: object) -> int:
+    """Object members in a free-form JSON value, all levels included."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
 
 
-def _coerce(cls: type[_T], value: object, where: str) -> _T:
-    """Accept either an instance of the dataclass or its JSON form."""
-    if isinstance(value, cls):
-        return value
-    return cls.from_json(value, where)  # type: ignore[attr-defined, no-any-return]
+# ---------------------------------------------------------------------------------------------
+# Field specs: what one JSON value is, how it is checked, compiled, encoded and counted.
+#
+# Each spec has a checked decoder (``check``), a compiled one (``fast``: lines of Python that
+# validate the local ``var`` in place and ``return None`` on any doubt), an encoder expression
+# (``encode``) and a member-count expression (``pairs``: an int when constant, else source).
+
+
+class _Gen:
+    """Source of one compiled decoder, and the names it refers to."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.env: dict[str, Any] = {}
+        self.depth = 1
+        self._n = 0
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def name(self, value: Any, hint: str = "k") -> str:
+        for key, known in self.env.items():
+            if known is value:
+                return key
+        self._n += 1
+        key = f"_{hint}{self._n}"
+        self.env[key] = value
+        return key
+
+    def local(self) -> str:
+        self._n += 1
+        return f"v{self._n}"
+
+
+class Spec:
+    """One JSON value's type and rules."""
+
+    uses_memo = False
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        raise NotImplementedError
+
+    def fast(self, g: _Gen, var: str) -> None:
+        raise NotImplementedError
+
+    def encode(self, expr: str) -> str:
+        return expr
+
+    def pairs(self, expr: str) -> int | str:
+        return 0
+
+
+@dataclass
+class _Ctx:
+    """Checked decoding state: the per-header memo, the fields decoded so far, and whether
+    nested objects must take the checked path too (below a class that has a fast decoder the
+    checked path is that decoder's reference, so it stays checked all the way down)."""
+
+    memo: dict[Any, Any]
+    strict: bool
+    done: dict[str, Any] = field(default_factory=dict)
+
+
+class Str(Spec):
+    """A string; ``nonempty``; ``pattern`` with the message for a mismatch; ``intern`` shares
+    equal strings between the entries of one header (memory, not meaning)."""
+
+    def __init__(
+        self,
+        *,
+        nonempty: bool = False,
+        pattern: re.Pattern[str] | None = None,
+        mismatch: Callable[[str], str] | None = None,
+        intern: bool = False,
+    ) -> None:
+        self.nonempty, self.pattern, self.mismatch, self.intern = (
+            nonempty,
+            pattern,
+            mismatch,
+            intern,
+        )
+        self.uses_memo = intern
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        text = _str(value, where, nonempty=self.nonempty)
+        if self.pattern is not None and not self.pattern.fullmatch(text):
+            assert self.mismatch is not None
+            raise SchemaError(where, self.mismatch(text))
+        return ctx.memo.setdefault(text, text) if self.intern else text
+
+    def fast(self, g: _Gen, var: str) -> None:
+        g.emit(f"if type({var}) is not str: return None")
+        if self.nonempty:
+            g.emit(f"if not {var}: return None")
+        if self.pattern is not None:
+            g.emit(f"if {g.name(self.pattern.fullmatch, 're')}({var}) is None: return None")
+        if self.intern:
+            g.emit(f"{var} = memo.setdefault({var}, {var})")
+
+
+class Int(Spec):
+    """An integer in ``[lo, hi]``; ``hi`` may name a field decoded before (its value)."""
+
+    def __init__(self, lo: int = 0, hi: int | str = MAX_INT) -> None:
+        self.lo, self.hi = lo, hi
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        hi = ctx.done[self.hi] if isinstance(self.hi, str) else self.hi
+        return _int(value, where, self.lo, hi)
+
+    def fast(self, g: _Gen, var: str) -> None:
+        assert isinstance(self.hi, int), "a field-relative bound has no fast path"
+        g.emit(f"if type({var}) is not int or not {self.lo} <= {var} <= {self.hi}: return None")
+
+
+class Opt(Spec):
+    """``null`` or the inner spec."""
+
+    def __init__(self, inner: Spec) -> None:
+        self.inner = inner
+        self.uses_memo = inner.uses_memo
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        return None if value is None else self.inner.check(value, where, ctx)
+
+    def fast(self, g: _Gen, var: str) -> None:
+        g.emit(f"if {var} is not None:")
+        g.depth += 1
+        self.inner.fast(g, var)
+        g.depth -= 1
+
+    def encode(self, expr: str) -> str:
+        inner = self.inner.encode(expr)
+        return expr if inner == expr else f"(None if {expr} is None else {inner})"
+
+    def pairs(self, expr: str) -> int | str:
+        inner = self.inner.pairs(expr)
+        return 0 if inner == 0 else f"(0 if {expr} is None else {inner})"
+
+
+class Seq(Spec):
+    """A JSON array, as a tuple of the inner spec's values."""
+
+    def __init__(self, inner: Spec) -> None:
+        self.inner = inner
+        self.uses_memo = inner.uses_memo
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        items = _list(value, where)
+        if isinstance(self.inner, (Obj, OneOf)):
+            return self.inner.check_many(items, where, ctx)
+        return tuple(self.inner.check(v, f"{where}[{i}]", ctx) for i, v in enumerate(items))
+
+    def fast(self, g: _Gen, var: str) -> None:
+        inner = self.inner
+        if isinstance(inner, Int):
+            fn = g.name(_fast_ints, "ints")
+            g.emit(f"{var} = {fn}({var}, {inner.lo}, {inner.hi})")
+            g.emit(f"if {var} is None: return None")
+            return
+        item, acc = g.local(), g.local()
+        g.emit(f"if type({var}) is not list: return None")
+        g.emit(f"{acc} = []")
+        g.emit(f"for {item} in {var}:")
+        g.depth += 1
+        inner.fast(g, item)
+        g.emit(f"{acc}.append({item})")
+        g.depth -= 1
+        g.emit(f"{var} = tuple({acc})")
+
+    def encode(self, expr: str) -> str:
+        inner = self.inner.encode("x")
+        return f"list({expr})" if inner == "x" else f"[{inner} for x in {expr}]"
+
+    def pairs(self, expr: str) -> int | str:
+        inner = self.inner.pairs("x")
+        if inner == 0:
+            return 0
+        if isinstance(inner, int):
+            return f"{inner} * len({expr})"
+        return f"sum([{inner} for x in {expr}])"
+
+
+class StrMap(Spec):
+    """A JSON object with free keys, as a dict of the inner spec's values (``where.key``)."""
+
+    def __init__(self, inner: Spec) -> None:
+        self.inner = inner
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        if not isinstance(value, Mapping):
+            raise SchemaError(where, f"expected an object, got {_kind(value)}")
+        for k in value:
+            if type(k) is not str:
+                _str(k, where)
+        if isinstance(self.inner, Obj):
+            return self.inner.check_map(value, where, ctx)
+        return {k: self.inner.check(v, f"{where}.{k}", ctx) for k, v in value.items()}
+
+    def encode(self, expr: str) -> str:
+        inner = self.inner.encode("x")
+        return f"dict({expr})" if inner == "x" else f"{{k: {inner} for k, x in {expr}.items()}}"
+
+    def pairs(self, expr: str) -> int | str:
+        inner = self.inner.pairs("x")
+        if isinstance(inner, int):
+            return f"{1 + inner} * len({expr})"
+        return f"len({expr}) + sum([{inner} for x in {expr}.values()])"
+
+
+class Json(Spec):
+    """Free-form JSON: an object or ``null`` (validated and copied by :func:`json_value`)."""
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        if value is not None and not isinstance(value, Mapping):
+            raise SchemaError(where, f"expected an object or null, got {_kind(value)}")
+        return None if value is None else json_value(value, where)
+
+    def encode(self, expr: str) -> str:
+        return f"(None if {expr} is None else _json_value({expr}, 'config'))"
+
+    def pairs(self, expr: str) -> int | str:
+        return f"_json_pairs({expr})"
+
+
+class Obj(Spec):
+    """A nested schema object (a class made by :func:`schema`)."""
+
+    def __init__(self, cls: type[Any]) -> None:
+        self.cls = cls
+        self.uses_memo = cls._FAST_MEMO
+
+    def _fast_fn(self, ctx: _Ctx) -> Callable[..., Any] | None:
+        return None if ctx.strict else self.cls._fast()
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        return self.cls._checked(value, where, ctx.memo, ctx.strict)
+
+    def check_many(self, items: Sequence[Any], where: str, ctx: _Ctx) -> tuple[Any, ...]:
+        # Header.tensors: each element tries the fast decoder first (unless strict).
+        fast, cls, memo = self._fast_fn(ctx), self.cls, ctx.memo
+        out = []
+        for i, v in enumerate(items):
+            got = None if fast is None else (fast(v, memo) if cls._FAST_MEMO else fast(v))
+            out.append(
+                got if got is not None else cls._checked(v, f"{where}[{i}]", memo, ctx.strict)
+            )
+        return tuple(out)
+
+    def check_map(self, items: Mapping[str, Any], where: str, ctx: _Ctx) -> dict[str, Any]:
+        # One entry per source tensor (100,000 in a large MoE): the paths for the error
+        # messages are built only for an entry that fails.
+        fast, cls, memo = self._fast_fn(ctx), self.cls, ctx.memo
+        out: dict[str, Any] = {}
+        for k, v in items.items():
+            got = None if fast is None else (fast(v, memo) if cls._FAST_MEMO else fast(v))
+            out[k] = got if got is not None else cls._checked(v, f"{where}.{k}", memo, ctx.strict)
+        return out
+
+    def fast(self, g: _Gen, var: str) -> None:
+        fn = g.name(self.cls._compiled, self.cls.__name__)
+        g.emit(f"{var} = {fn}({var}, memo)" if self.cls._FAST_MEMO else f"{var} = {fn}({var})")
+        g.emit(f"if {var} is None: return None")
+
+    def encode(self, expr: str) -> str:
+        return f"{expr}.to_json()"
+
+    def pairs(self, expr: str) -> int | str:
+        const: int | None = self.cls._PAIRS
+        return const if const is not None else f"{expr}.json_pairs()"
+
+
+class OneOf(Spec):
+    """One of several schema classes, told apart by the constant of their ``tag`` key."""
+
+    def __init__(self, what: str, tag: str, classes: Sequence[type[Any]]) -> None:
+        self.what, self.tag, self.classes = what, tag, tuple(classes)
+        self.by_tag = {c._CONSTS[tag]: c for c in classes}
+        self.uses_memo = any(c._FAST_MEMO for c in classes)
+
+    def check(self, value: Any, where: str, ctx: _Ctx) -> Any:
+        if isinstance(value, self.classes):
+            return value
+        if not isinstance(value, Mapping):
+            raise SchemaError(where, f"expected an object, got {_kind(value)}")
+        tag = value.get(self.tag)
+        cls = self.by_tag.get(tag) if isinstance(tag, str) else None
+        if cls is None:
+            allowed = ", ".join(self.by_tag)
+            raise SchemaError(
+                f"{where}.{self.tag}", f"unknown {self.what} {self.tag} {tag!r}; allowed: {allowed}"
+            )
+        return cls._checked(value, where, ctx.memo, ctx.strict)
+
+    def check_many(self, items: Sequence[Any], where: str, ctx: _Ctx) -> tuple[Any, ...]:
+        return tuple(self.check(v, f"{where}[{i}]", ctx) for i, v in enumerate(items))
+
+    def fast(self, g: _Gen, var: str) -> None:
+        tag = g.local()
+        g.emit(f"if type({var}) is not dict: return None")
+        g.emit(f"{tag} = {var}.get({self.tag!r})")
+        first = True
+        for value, cls in self.by_tag.items():
+            fn = g.name(cls._compiled, cls.__name__)
+            call = f"{fn}({var}, memo)" if cls._FAST_MEMO else f"{fn}({var})"
+            g.emit(f"{'if' if first else 'elif'} {tag} == {value!r}: {var} = {call}")
+            first = False
+        g.emit("else: return None")
+        g.emit(f"if {var} is None: return None")
+
+    def encode(self, expr: str) -> str:
+        return f"{expr}.to_json()"
+
+    def pairs(self, expr: str) -> int | str:
+        return f"{expr}.json_pairs()"
+
+
+def js(spec: Spec, *, key: str | None = None, omit_none: bool = False) -> dict[str, Any]:
+    """A dataclass field's metadata: its JSON spec; ``key`` (default: the field name);
+    ``omit_none``: the key is left out when the value is ``None`` (and may be absent)."""
+    return {"spec": spec, "key": key, "omit_none": omit_none}
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    key: str
+    spec: Spec
+    omit_none: bool
+
+
+_S = TypeVar("_S", bound="SchemaObject")
+
+
+class SchemaObject:
+    """Base of the schema classes; :func:`schema` fills in the class attributes and replaces
+    ``to_json``, ``json_pairs`` and the compiled decoder by generated functions.  The classes
+    are slotted (no ``__dict__``): a 100,000-tensor header builds about 600,000 of them."""
+
+    __slots__ = ()
+
+    WHERE: ClassVar[str] = ""
+    KEYS: ClassVar[frozenset[str]] = frozenset()
+    """The keys always present (constants and fields)."""
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    """Keys present only when their field is not ``None``."""
+    _FIELDS: ClassVar[tuple[_Field, ...]] = ()
+    _ORDER: ClassVar[tuple[_Field, ...]] = ()
+    _CONSTS: ClassVar[dict[str, str]] = {}
+    _PAIRS: ClassVar[int | None] = None
+    _FAST_NAME: ClassVar[str | None] = None
+    _FAST_MEMO: ClassVar[bool] = False
+    _SHARED: ClassVar[bool] = False
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError  # pragma: no cover - generated by schema()
+
+    def json_pairs(self) -> int:
+        """Object members of :meth:`to_json`'s value, all levels included."""
+        raise NotImplementedError  # pragma: no cover - generated by schema()
+
+    @staticmethod
+    def _compiled(value: object, memo: dict[Any, Any] | None = None) -> Any:
+        return None  # pragma: no cover - generated by schema()
+
+    @classmethod
+    def _fast(cls) -> Callable[..., Any] | None:
+        # Looked up by name on every call so that a test can switch a fast path off.
+        return None if cls._FAST_NAME is None else globals()[cls._FAST_NAME]  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_json(
+        cls: type[_S], value: object, where: str | None = None, memo: dict[Any, Any] | None = None
+    ) -> _S:
+        """Validate ``value`` (or return it if it already is an instance).  ``memo`` (one dict
+        per header) shares equal strings and rule references between entries, which keeps a
+        100,000-tensor header small in memory."""
+        if isinstance(value, cls):
+            return value
+        memo = {} if memo is None else memo
+        fast = cls._fast()
+        if fast is not None:
+            got: _S | None = fast(value, memo) if cls._FAST_MEMO else fast(value)
+            if got is not None:
+                return got
+        return cls._checked(value, cls.WHERE if where is None else where, memo, False)
+
+    @classmethod
+    def checked_from_json(
+        cls: type[_S], value: object, where: str | None = None, memo: dict[Any, Any] | None = None
+    ) -> _S:
+        """The field-by-field validation that names the failing field (the fast decoder's
+        fallback, and its reference in the tests)."""
+        where = cls.WHERE if where is None else where
+        return cls._checked(value, where, {} if memo is None else memo, True)
+
+    @classmethod
+    def _checked(
+        cls: type[_S], value: object, where: str, memo: dict[Any, Any], strict: bool
+    ) -> _S:
+        if isinstance(value, cls):
+            return value
+        present = cls.OPTIONAL & set(value) if isinstance(value, Mapping) else frozenset()
+        obj = _obj(value, where, cls.KEYS | present)
+        for key, const in cls._CONSTS.items():
+            if obj[key] != const:
+                raise SchemaError(_join(where, key), f"expected {const!r}, got {obj[key]!r}")
+        ctx = _Ctx(memo, strict or cls._FAST_NAME is not None)
+        for fld in cls._ORDER:
+            if fld.key in obj:
+                ctx.done[fld.name] = fld.spec.check(obj[fld.key], _join(where, fld.key), ctx)
+            else:
+                ctx.done[fld.name] = None  # an omit_none field left out
+        if cls._SHARED:
+            shared: _S = memo.setdefault((cls, *ctx.done.values()), cls(**ctx.done))
+            return shared
+        return cls(**ctx.done)
+
+
+def schema(
+    where: str, *, fast: str | None = None, consts: Mapping[str, str] | None = None,
+    shared: bool = False,
+) -> Callable[[type[_S]], type[_S]]:  # fmt: skip
+    """Make a frozen dataclass (fields declared with :func:`f`) a schema class.
+
+    ``where`` is the default location in messages; ``fast`` the module global that holds the
+    compiled decoder; ``consts`` keys whose value is fixed (a transform's ``op``, the index's
+    ``format``); ``shared``: equal values share one instance per header (rule references)."""
+
+    def make(cls: type[_S]) -> type[_S]:
+        cls.WHERE = where
+        cls._CONSTS = dict(consts or {})
+        cls._SHARED = shared
+        fields = tuple(
+            _Field(d.name, d.metadata["key"] or d.name, d.metadata["spec"], d.metadata["omit_none"])
+            for d in dataclasses.fields(cls)  # type: ignore[arg-type]
+        )
+        cls._FIELDS = fields
+        # A field whose bound names another field is decoded after it.
+        cls._ORDER = tuple(
+            sorted(fields, key=lambda d: isinstance(getattr(d.spec, "hi", None), str))
+        )
+        cls.KEYS = frozenset(cls._CONSTS) | frozenset(d.key for d in fields if not d.omit_none)
+        cls.OPTIONAL = frozenset(d.key for d in fields if d.omit_none)
+        cls._FAST_MEMO = shared or any(d.spec.uses_memo for d in fields)
+        _generate_encoders(cls)
+        if fast is not None:
+            cls._FAST_NAME = fast
+            cls._compiled = _compile_decoder(cls)  # type: ignore[assignment]
+            globals()[fast] = cls._compiled
+        return cls
+
+    return make
+
+
+def _generate_encoders(cls: type[SchemaObject]) -> None:
+    env: dict[str, Any] = {"_json_value": json_value, "_json_pairs": json_pairs}
+    items = [f"{k!r}: {v!r}" for k, v in cls._CONSTS.items()]
+    items += [
+        f"{d.key!r}: {d.spec.encode('self.' + d.name)}" for d in cls._FIELDS if not d.omit_none
+    ]
+    enc = ["def to_json(self):", f"    out = {{{', '.join(items)}}}"]
+    for d in cls._FIELDS:
+        if d.omit_none:
+            enc.append(f"    if self.{d.name} is not None:")
+            enc.append(f"        out[{d.key!r}] = {d.spec.encode('self.' + d.name)}")
+    enc.append("    return out")
+    const = len(cls._CONSTS) + sum(1 for d in cls._FIELDS if not d.omit_none)
+    terms: list[str] = []
+    for d in cls._FIELDS:
+        term = d.spec.pairs("self." + d.name)
+        if d.omit_none:
+            inner = "" if term == 0 else f" + {term}"
+            terms.append(f"(0 if self.{d.name} is None else 1{inner})")
+        elif isinstance(term, int):
+            const += term
+        else:
+            terms.append(term)
+    cls._PAIRS = None if terms else const
+    pairs = ["def json_pairs(self):", f"    return {' + '.join([str(const), *terms])}"]
+    exec("\n".join(enc) + "\n" + "\n".join(pairs), env)  # our own generated source
+    env["to_json"].__qualname__ = f"{cls.__name__}.to_json"
+    env["json_pairs"].__qualname__ = f"{cls.__name__}.json_pairs"
+    env["to_json"].__doc__ = "The JSON form (plain values, generated from the field specs)."
+    env["json_pairs"].__doc__ = SchemaObject.json_pairs.__doc__
+    cls.to_json = env["to_json"]  # type: ignore[method-assign]
+    cls.json_pairs = env["json_pairs"]  # type: ignore[method-assign]
+
+
+def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
+    """The fast decoder of ``cls``: Python source generated from the specs, compiled once."""
+    g = _Gen()
+    keys = g.name(cls.KEYS, "keys")
+    g.emit(f"if type(value) is not dict or value.keys() != {keys}: return None")
+    for key, const in cls._CONSTS.items():
+        g.emit(f"if value[{key!r}] != {const!r}: return None")
+    args = []
+    for d in cls._FIELDS:
+        assert not d.omit_none, f"{cls.__name__}.{d.name}: optional keys have no fast path"
+        var = g.local()
+        g.emit(f"{var} = value[{d.key!r}]")
+        d.spec.fast(g, var)
+        args.append(var)
+    ctor = g.name(cls, "cls")
+    if cls._SHARED:
+        g.emit(f"key = ({ctor}, {', '.join(args)})")
+        g.emit("got = memo.get(key)")
+        g.emit(f"if got is None: got = memo[key] = {ctor}({', '.join(args)})")
+        g.emit("return got")
+    else:
+        g.emit(f"return {ctor}({', '.join(args)})")
+    params = "value, memo" if cls._FAST_MEMO else "value"
+    source = f"def decode({params}):\n" + "\n".join(g.lines) + "\n"
+    exec(source, g.env)  # our own generated source
+    decode: Callable[..., Any] = g.env["decode"]
+    decode.__qualname__ = f"{cls.__name__} fast decoder"
+    decode.__doc__ = f"{cls.__name__}'s checks for a plain parsed dict, or ``None``.\n\n{source}"
+    return decode
+
+
+def _digest_mismatch(text: str) -> str:
+    return f"digest {text[:80]!r} is not 32 lowercase hex digits"
+
+
+def _commit_mismatch(text: str) -> str:
+    return f"{text[:80]!r} is not 40 lowercase hex digits"
+
+
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+_AXIS_LIMIT = 64
+_INTERNED = Str(intern=True)
+_INTS = Seq(Int())
+_DIGEST = Str(pattern=DIGEST_HEX_RE, mismatch=_digest_mismatch)
 
 
 # ---------------------------------------------------------------------------------------------
 # Provenance (per tensor)
 
 
-@dataclass(frozen=True)
-class SourceRef:
+@schema("source", fast="_fast_source_ref")
+@dataclass(frozen=True, slots=True)
+class SourceRef(SchemaObject):
     """One source tensor a stored tensor was made from."""
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    file: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "dtype", "shape", "file"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "file": self.file,
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "source") -> SourceRef:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            name=_str(obj["name"], f"{where}.name", nonempty=True),
-            dtype=_str(obj["dtype"], f"{where}.dtype"),
-            shape=_ints(obj["shape"], f"{where}.shape"),
-            file=_str(obj["file"], f"{where}.file"),
-        )
+    name: str = field(metadata=js(Str(nonempty=True)))
+    dtype: str = field(metadata=js(_INTERNED))
+    shape: tuple[int, ...] = field(metadata=js(_INTS))
+    file: str = field(metadata=js(_INTERNED))
 
 
-@dataclass(frozen=True)
-class ConcatTransform:
+@schema("transform", fast="_fast_concat", consts={"op": "concat"})
+@dataclass(frozen=True, slots=True)
+class ConcatTransform(SchemaObject):
     """Concatenation of the sources along ``axis``."""
 
-    axis: int
+    axis: int = field(metadata=js(Int(-_AXIS_LIMIT, _AXIS_LIMIT)))
     op: ClassVar[str] = "concat"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "axis": self.axis}
 
-
-@dataclass(frozen=True)
-class TransposeTransform:
+@schema("transform", fast="_fast_transpose", consts={"op": "transpose"})
+@dataclass(frozen=True, slots=True)
+class TransposeTransform(SchemaObject):
     """A rank-two transpose."""
 
     op: ClassVar[str] = "transpose"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op}
 
-
-@dataclass(frozen=True)
-class ReshapeTransform:
+@schema("transform", fast="_fast_reshape", consts={"op": "reshape"})
+@dataclass(frozen=True, slots=True)
+class ReshapeTransform(SchemaObject):
     """A reshape to ``shape``."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] = field(metadata=js(_INTS))
     op: ClassVar[str] = "reshape"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "shape": list(self.shape)}
 
-
-@dataclass(frozen=True)
-class CopyQuantizedTransform:
+@schema("transform", fast="_fast_copy_quantized", consts={"op": "copy-quantized"})
+@dataclass(frozen=True, slots=True)
+class CopyQuantizedTransform(SchemaObject):
     """Already-quantized words copied from a source quantization ``scheme``."""
 
-    scheme: str
+    scheme: str = field(metadata=js(Str(nonempty=True)))
     op: ClassVar[str] = "copy-quantized"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "scheme": self.scheme}
 
 
 Transform = ConcatTransform | TransposeTransform | ReshapeTransform | CopyQuantizedTransform
-
-_AXIS_LIMIT = 64
+_TRANSFORM = OneOf(
+    "transform",
+    "op",
+    [ConcatTransform, TransposeTransform, ReshapeTransform, CopyQuantizedTransform],
+)
 
 
 def transform_from_json(value: object, where: str = "transform") -> Transform:
     """Validate one transform object; the keys allowed depend on its ``op``."""
-    if isinstance(
-        value, (ConcatTransform, TransposeTransform, ReshapeTransform, CopyQuantizedTransform)
-    ):
-        return value
-    if not isinstance(value, Mapping):
-        raise SchemaError(where, f"expected an object, got {_kind(value)}")
-    op = value.get("op")
-    if op == "concat":
-        obj = _obj(value, where, frozenset({"op", "axis"}))
-        return ConcatTransform(_int(obj["axis"], f"{where}.axis", -_AXIS_LIMIT, _AXIS_LIMIT))
-    if op == "transpose":
-        _obj(value, where, frozenset({"op"}))
-        return TransposeTransform()
-    if op == "reshape":
-        obj = _obj(value, where, frozenset({"op", "shape"}))
-        return ReshapeTransform(_ints(obj["shape"], f"{where}.shape"))
-    if op == "copy-quantized":
-        obj = _obj(value, where, frozenset({"op", "scheme"}))
-        return CopyQuantizedTransform(_str(obj["scheme"], f"{where}.scheme", nonempty=True))
-    raise SchemaError(
-        f"{where}.op",
-        f"unknown transform op {op!r}; allowed: concat, transpose, reshape, copy-quantized",
-    )
+    got: Transform = _TRANSFORM.check(value, where, _Ctx({}, False))
+    return got
 
 
-@dataclass(frozen=True)
-class RuleRef:
+@schema("rule", fast="_fast_rule", shared=True)
+@dataclass(frozen=True, slots=True)
+class RuleRef(SchemaObject):
     """The recipe rule that selected this tensor: its 0-based index, line, and pattern."""
 
-    index: int
-    line: int
-    pattern: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"index", "line", "pattern"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "line": self.line, "pattern": self.pattern}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "rule") -> RuleRef:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            index=_int(obj["index"], f"{where}.index"),
-            line=_int(obj["line"], f"{where}.line"),
-            pattern=_str(obj["pattern"], f"{where}.pattern"),
-        )
+    index: int = field(metadata=js(Int()))
+    line: int = field(metadata=js(Int()))
+    pattern: str = field(metadata=js(Str()))
 
 
-@dataclass(frozen=True)
-class Provenance:
+@schema("provenance", fast="_fast_provenance")
+@dataclass(frozen=True, slots=True)
+class Provenance(SchemaObject):
     """How a stored tensor was derived (spec Section 10)."""
 
-    sources: tuple[SourceRef, ...]
-    conversion: str | None
-    transforms: tuple[Transform, ...]
-    encoder_profile: str | None
-    rule: RuleRef
-    constraints: tuple[str, ...] = ()
-
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"sources", "conversion", "transforms", "encoder_profile", "rule", "constraints"}
-    )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sources": [s.to_json() for s in self.sources],
-            "conversion": self.conversion,
-            "transforms": [t.to_json() for t in self.transforms],
-            "encoder_profile": self.encoder_profile,
-            "rule": self.rule.to_json(),
-            "constraints": list(self.constraints),
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "provenance") -> Provenance:
-        if isinstance(value, cls):
-            return value
-        fast = _fast_provenance(value, {})
-        return fast if fast is not None else cls.checked_from_json(value, where)
-
-    @classmethod
-    def checked_from_json(cls, value: object, where: str = "provenance") -> Provenance:
-        """The field-by-field validation that names the failing field."""
-        if isinstance(value, cls):
-            return value
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            sources=tuple(
-                _coerce(SourceRef, v, f"{where}.sources[{i}]")
-                for i, v in enumerate(_list(obj["sources"], f"{where}.sources"))
-            ),
-            conversion=_opt_str(obj["conversion"], f"{where}.conversion"),
-            transforms=tuple(
-                transform_from_json(v, f"{where}.transforms[{i}]")
-                for i, v in enumerate(_list(obj["transforms"], f"{where}.transforms"))
-            ),
-            encoder_profile=_opt_str(obj["encoder_profile"], f"{where}.encoder_profile"),
-            rule=_coerce(RuleRef, obj["rule"], f"{where}.rule"),
-            constraints=_strs(obj["constraints"], f"{where}.constraints"),
-        )
+    sources: tuple[SourceRef, ...] = field(metadata=js(Seq(Obj(SourceRef))))
+    conversion: str | None = field(metadata=js(Opt(_INTERNED)))
+    transforms: tuple[Transform, ...] = field(metadata=js(Seq(_TRANSFORM)))
+    encoder_profile: str | None = field(metadata=js(Opt(_INTERNED)))
+    rule: RuleRef = field(metadata=js(Obj(RuleRef)))
+    constraints: tuple[str, ...] = field(default=(), metadata=js(Seq(_INTERNED)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Artifact metadata
 
 
-@dataclass(frozen=True)
-class Producer:
-    name: str
-    version: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "version"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "producer") -> Producer:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            _str(obj["name"], f"{where}.name", nonempty=True),
-            _str(obj["version"], f"{where}.version"),
-        )
+@schema("producer")
+@dataclass(frozen=True, slots=True)
+class Producer(SchemaObject):
+    name: str = field(metadata=js(Str(nonempty=True)))
+    version: str = field(metadata=js(Str()))
 
 
-@dataclass(frozen=True)
-class RecipeInfo:
+@schema("recipe")
+@dataclass(frozen=True, slots=True)
+class RecipeInfo(SchemaObject):
     """The full recipe text, its digest and its cited quality evidence."""
 
-    name: str
-    text: str
-    digest: str
-    evidence: tuple[str, ...] = ()
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "text", "digest", "evidence"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "text": self.text,
-            "digest": self.digest,
-            "evidence": list(self.evidence),
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "recipe") -> RecipeInfo:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            name=_str(obj["name"], f"{where}.name"),
-            text=_str(obj["text"], f"{where}.text"),
-            digest=_str(obj["digest"], f"{where}.digest"),
-            evidence=_strs(obj["evidence"], f"{where}.evidence"),
-        )
+    name: str = field(metadata=js(Str()))
+    text: str = field(metadata=js(Str()))
+    digest: str = field(metadata=js(Str()))
+    evidence: tuple[str, ...] = field(default=(), metadata=js(Seq(Str())))
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    name: str
-    size: int
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "size"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "file") -> SourceFile:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            _str(obj["name"], f"{where}.name", nonempty=True), _int(obj["size"], f"{where}.size")
-        )
+@schema("file")
+@dataclass(frozen=True, slots=True)
+class SourceFile(SchemaObject):
+    name: str = field(metadata=js(Str(nonempty=True)))
+    size: int = field(metadata=js(Int()))
 
 
-@dataclass(frozen=True)
-class SourceTensor:
-    dtype: str
-    shape: tuple[int, ...]
-    digest: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"dtype", "shape", "digest"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "digest": self.digest}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "tensor") -> SourceTensor:
-        fast = _fast_source_tensor(value)
-        if fast is not None:
-            return fast
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            dtype=_str(obj["dtype"], f"{where}.dtype"),
-            shape=_ints(obj["shape"], f"{where}.shape"),
-            digest=_str(obj["digest"], f"{where}.digest"),
-        )
+@schema("tensor", fast="_fast_source_tensor")
+@dataclass(frozen=True, slots=True)
+class SourceTensor(SchemaObject):
+    dtype: str = field(metadata=js(Str()))
+    shape: tuple[int, ...] = field(metadata=js(_INTS))
+    digest: str = field(metadata=js(Str()))
 
 
-def _source_tensors(tensors: Mapping[Any, Any], where: str) -> dict[str, SourceTensor]:
-    # One entry per source tensor (100,000 in a large MoE): the paths for the error messages
-    # are built only for an entry that fails.
-    out: dict[str, SourceTensor] = {}
-    for k, v in tensors.items():
-        if type(k) is not str:
-            _str(k, where)
-        fast = v if isinstance(v, SourceTensor) else _fast_source_tensor(v)
-        out[k] = fast if fast is not None else SourceTensor.from_json(v, f"{where}.{k}")
-    return out
-
-
-def _fast_source_tensor(value: object) -> SourceTensor | None:
-    """:meth:`SourceTensor.from_json`'s checks for a plain parsed dict, or ``None``."""
-    if type(value) is dict and value.keys() == SourceTensor.KEYS:
-        dtype, shape, digest = value["dtype"], _fast_ints(value["shape"]), value["digest"]
-        if type(dtype) is str and shape is not None and type(digest) is str:
-            return SourceTensor(dtype, shape, digest)
-    return None
-
-
-@dataclass(frozen=True)
-class SourceRepo:
+@schema("repo")
+@dataclass(frozen=True, slots=True)
+class SourceRepo(SchemaObject):
     """Which cached Hugging Face snapshot a repo-id source was: id, revision asked, commit."""
 
-    id: str
-    revision: str | None
-    commit: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"id", "revision", "commit"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "revision": self.revision, "commit": self.commit}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "repo") -> SourceRepo:
-        obj = _obj(value, where, cls.KEYS)
-        commit = _str(obj["commit"], f"{where}.commit")
-        if not _COMMIT_RE.fullmatch(commit):
-            raise SchemaError(f"{where}.commit", f"{commit[:80]!r} is not 40 lowercase hex digits")
-        revision = obj["revision"]
-        return cls(
-            id=_str(obj["id"], f"{where}.id", nonempty=True),
-            revision=None
-            if revision is None
-            else _str(revision, f"{where}.revision", nonempty=True),
-            commit=commit,
-        )
+    id: str = field(metadata=js(Str(nonempty=True)))
+    revision: str | None = field(metadata=js(Opt(Str(nonempty=True))))
+    commit: str = field(metadata=js(Str(pattern=_COMMIT_RE, mismatch=_commit_mismatch)))
 
 
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-
-
-@dataclass(frozen=True)
-class SourceInfo:
+@schema("source")
+@dataclass(frozen=True, slots=True)
+class SourceInfo(SchemaObject):
     """Identity of the source checkpoint: kind, path, config, files and per-tensor digests;
     ``repo`` (only for a cached repo-id source, and only then present in the JSON) names the
     snapshot."""
 
-    kind: str
-    path: str
-    config: Mapping[str, Any] | None
-    files: tuple[SourceFile, ...]
-    tensors: Mapping[str, SourceTensor] = field(default_factory=dict)
-    repo: SourceRepo | None = None
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"kind", "path", "config", "files", "tensors"})
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"repo"})
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "kind": self.kind,
-            "path": self.path,
-            "config": None if self.config is None else json_value(self.config, "config"),
-            "files": [f.to_json() for f in self.files],
-            "tensors": {k: v.to_json() for k, v in self.tensors.items()},
-        }
-        if self.repo is not None:
-            out["repo"] = self.repo.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "source") -> SourceInfo:
-        present = cls.OPTIONAL & set(value) if isinstance(value, Mapping) else frozenset()
-        obj = _obj(value, where, cls.KEYS | present)
-        config = obj["config"]
-        if config is not None and not isinstance(config, Mapping):
-            raise SchemaError(f"{where}.config", f"expected an object or null, got {_kind(config)}")
-        tensors = obj["tensors"]
-        if not isinstance(tensors, Mapping):
-            raise SchemaError(f"{where}.tensors", f"expected an object, got {_kind(tensors)}")
-        return cls(
-            kind=_str(obj["kind"], f"{where}.kind"),
-            path=_str(obj["path"], f"{where}.path"),
-            config=None if config is None else json_value(config, f"{where}.config"),
-            files=tuple(
-                _coerce(SourceFile, v, f"{where}.files[{i}]")
-                for i, v in enumerate(_list(obj["files"], f"{where}.files"))
-            ),
-            tensors=_source_tensors(tensors, f"{where}.tensors"),
-            repo=_coerce(SourceRepo, obj["repo"], f"{where}.repo") if "repo" in obj else None,
-        )
+    kind: str = field(metadata=js(Str()))
+    path: str = field(metadata=js(Str()))
+    config: Mapping[str, Any] | None = field(metadata=js(Json()))
+    files: tuple[SourceFile, ...] = field(metadata=js(Seq(Obj(SourceFile))))
+    tensors: Mapping[str, SourceTensor] = field(
+        default_factory=dict, metadata=js(StrMap(Obj(SourceTensor)))
+    )
+    repo: SourceRepo | None = field(default=None, metadata=js(Obj(SourceRepo), omit_none=True))
 
 
-@dataclass(frozen=True)
-class ArtifactMeta:
+@schema("artifact")
+@dataclass(frozen=True, slots=True)
+class ArtifactMeta(SchemaObject):
     """Artifact-level metadata, identical in every shard's header."""
 
-    producer: Producer
-    recipe: RecipeInfo
-    source: SourceInfo
-    alignment: int
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"producer", "recipe", "source", "alignment"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "producer": self.producer.to_json(),
-            "recipe": self.recipe.to_json(),
-            "source": self.source.to_json(),
-            "alignment": self.alignment,
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "artifact") -> ArtifactMeta:
-        if isinstance(value, cls):
-            return value
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            producer=_coerce(Producer, obj["producer"], f"{where}.producer"),
-            recipe=_coerce(RecipeInfo, obj["recipe"], f"{where}.recipe"),
-            source=_coerce(SourceInfo, obj["source"], f"{where}.source"),
-            alignment=_int(obj["alignment"], f"{where}.alignment"),
-        )
+    producer: Producer = field(metadata=js(Obj(Producer)))
+    recipe: RecipeInfo = field(metadata=js(Obj(RecipeInfo)))
+    source: SourceInfo = field(metadata=js(Obj(SourceInfo)))
+    alignment: int = field(metadata=js(Int()))
 
 
 # ---------------------------------------------------------------------------------------------
 # Header
 
 
-@dataclass(frozen=True)
-class PlaneEntry:
-    name: str
-    offset: int
-    nbytes: int
-    digest: str
+@schema("plane", fast="_fast_plane")
+@dataclass(frozen=True, slots=True)
+class PlaneEntry(SchemaObject):
+    """One stored plane: name, absolute byte offset in its file, size, and xxh3-128 hex digest."""
 
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "offset", "nbytes", "digest"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "offset": self.offset,
-            "nbytes": self.nbytes,
-            "digest": self.digest,
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "plane") -> PlaneEntry:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            name=_str(obj["name"], f"{where}.name", nonempty=True),
-            offset=_int(obj["offset"], f"{where}.offset"),
-            nbytes=_int(obj["nbytes"], f"{where}.nbytes"),
-            digest=_digest(obj["digest"], f"{where}.digest"),
-        )
+    name: str = field(metadata=js(Str(nonempty=True, intern=True)))
+    offset: int = field(metadata=js(Int()))
+    nbytes: int = field(metadata=js(Int()))
+    digest: str = field(metadata=js(_DIGEST))
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    name: str
-    format: str
-    layout: str
-    shape: tuple[int, ...]
-    physical: tuple[int, ...]
-    planes: tuple[PlaneEntry, ...]
-    role: str
-    provenance: Provenance
-
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"name", "format", "layout", "shape", "physical", "planes", "role", "provenance"}
-    )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "format": self.format,
-            "layout": self.layout,
-            "shape": list(self.shape),
-            "physical": list(self.physical),
-            "planes": [p.to_json() for p in self.planes],
-            "role": self.role,
-            "provenance": self.provenance.to_json(),
-        }
-
-    @classmethod
-    def from_json(
-        cls, value: object, where: str = "tensor", memo: dict[Any, Any] | None = None
-    ) -> TensorEntry:
-        """Validate one header entry.  ``memo`` (one dict per header) shares equal strings and
-        rule references between entries, which keeps a 100,000-tensor header small in memory."""
-        fast = _fast_tensor(value, {} if memo is None else memo)
-        return fast if fast is not None else cls.checked_from_json(value, where)
-
-    @classmethod
-    def checked_from_json(cls, value: object, where: str = "tensor") -> TensorEntry:
-        """The field-by-field validation that names the failing field (the fast path's
-        fallback, and its reference in the tests)."""
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            name=_str(obj["name"], f"{where}.name", nonempty=True),
-            format=_str(obj["format"], f"{where}.format"),
-            layout=_str(obj["layout"], f"{where}.layout"),
-            shape=_ints(obj["shape"], f"{where}.shape"),
-            physical=_ints(obj["physical"], f"{where}.physical"),
-            planes=tuple(
-                PlaneEntry.from_json(v, f"{where}.planes[{i}]")
-                for i, v in enumerate(_list(obj["planes"], f"{where}.planes"))
-            ),
-            role=_str(obj["role"], f"{where}.role"),
-            provenance=Provenance.checked_from_json(obj["provenance"], f"{where}.provenance"),
-        )
+@schema("tensor", fast="_fast_tensor")
+@dataclass(frozen=True, slots=True)
+class TensorEntry(SchemaObject):
+    name: str = field(metadata=js(Str(nonempty=True)))
+    format: str = field(metadata=js(_INTERNED))
+    layout: str = field(metadata=js(_INTERNED))
+    shape: tuple[int, ...] = field(metadata=js(_INTS))
+    physical: tuple[int, ...] = field(metadata=js(_INTS))
+    planes: tuple[PlaneEntry, ...] = field(metadata=js(Seq(Obj(PlaneEntry))))
+    role: str = field(metadata=js(_INTERNED))
+    provenance: Provenance = field(metadata=js(Obj(Provenance)))
 
 
-def _intern(memo: dict[Any, Any], text: str) -> str:
-    shared: str = memo.setdefault(text, text)
-    return shared
-
-
-def _fast_str(value: object, memo: dict[Any, Any]) -> str | None:
-    return memo.setdefault(value, value) if type(value) is str else None  # type: ignore[no-any-return]
-
-
-def _fast_provenance(value: object, memo: dict[Any, Any]) -> Provenance | None:
-    """:meth:`Provenance.from_json`'s checks for a plain parsed dict, or ``None``."""
-    if type(value) is not dict or value.keys() != Provenance.KEYS:
-        return None
-    sources_v = value["sources"]
-    if type(sources_v) is not list:
-        return None
-    sources = []
-    for v in sources_v:
-        if type(v) is not dict or v.keys() != SourceRef.KEYS:
-            return None
-        name, dtype, file = v["name"], _fast_str(v["dtype"], memo), _fast_str(v["file"], memo)
-        shape = _fast_ints(v["shape"])
-        if type(name) is not str or not name or dtype is None or file is None or shape is None:
-            return None
-        sources.append(SourceRef(name, dtype, shape, file))
-    conversion = value["conversion"]
-    profile = value["encoder_profile"]
-    if conversion is not None and type(conversion) is not str:
-        return None
-    if profile is not None and type(profile) is not str:
-        return None
-    transforms_v, constraints_v = value["transforms"], value["constraints"]
-    if type(transforms_v) is not list or type(constraints_v) is not list:
-        return None
-    if any(type(c) is not str for c in constraints_v):
-        return None
-    rule_v = value["rule"]
-    if type(rule_v) is not dict or rule_v.keys() != RuleRef.KEYS:
-        return None
-    index, line, pattern = rule_v["index"], rule_v["line"], rule_v["pattern"]
-    if type(index) is not int or type(line) is not int or type(pattern) is not str:
-        return None
-    if not 0 <= index <= MAX_INT or not 0 <= line <= MAX_INT:
-        return None
-    rule_key = ("rule", index, line, pattern)
-    rule = memo.get(rule_key)
-    if rule is None:
-        rule = memo[rule_key] = RuleRef(index, line, pattern)
-    try:  # transforms are few and rare; their own validator is cheap enough
-        transforms = tuple(transform_from_json(v, "") for v in transforms_v)
-    except SchemaError:
-        return None
-    return Provenance(
-        sources=tuple(sources),
-        conversion=None if conversion is None else _intern(memo, conversion),
-        transforms=transforms,
-        encoder_profile=None if profile is None else _intern(memo, profile),
-        rule=rule,
-        constraints=tuple(_intern(memo, c) for c in constraints_v),
-    )
-
-
-def _fast_tensor(value: object, memo: dict[Any, Any]) -> TensorEntry | None:
-    """:meth:`TensorEntry.from_json`'s checks without building an error path per field, for
-    a plain parsed dict; ``None`` when any check fails, and the caller then runs the checked
-    path, which finds the same problem and names it.  It accepts nothing the checked path
-    refuses (tests/test_schema_fast_path.py compares the two)."""
-    if type(value) is not dict or value.keys() != TensorEntry.KEYS:
-        return None
-    name = value["name"]
-    fmt, layout = _fast_str(value["format"], memo), _fast_str(value["layout"], memo)
-    role = _fast_str(value["role"], memo)
-    if type(name) is not str or not name or fmt is None or layout is None or role is None:
-        return None
-    shape, physical = _fast_ints(value["shape"]), _fast_ints(value["physical"])
-    planes_v = value["planes"]
-    if shape is None or physical is None or type(planes_v) is not list:
-        return None
-    planes = []
-    for p in planes_v:
-        if type(p) is not dict or p.keys() != PlaneEntry.KEYS:
-            return None
-        p_name, offset, nbytes, digest = p["name"], p["offset"], p["nbytes"], p["digest"]
-        if type(p_name) is not str or not p_name or type(digest) is not str:
-            return None
-        if type(offset) is not int or type(nbytes) is not int:
-            return None
-        if not 0 <= offset <= MAX_INT or not 0 <= nbytes <= MAX_INT:
-            return None
-        if DIGEST_HEX_RE.fullmatch(digest) is None:
-            return None
-        planes.append(PlaneEntry(_intern(memo, p_name), offset, nbytes, digest))
-    provenance = _fast_provenance(value["provenance"], memo)
-    if provenance is None:
-        return None
-    return TensorEntry(name, fmt, layout, shape, physical, tuple(planes), role, provenance)
-
-
-@dataclass(frozen=True)
-class SideFile:
+@schema("file")
+@dataclass(frozen=True, slots=True)
+class SideFile(SchemaObject):
     """A non-weight file of the model directory (config.json, tokenizer files)."""
 
-    name: str
-    size: int
-    digest: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"name", "size", "digest"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "digest": self.digest}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "file") -> SideFile:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            name=_str(obj["name"], f"{where}.name", nonempty=True),
-            size=_int(obj["size"], f"{where}.size"),
-            digest=_digest(obj["digest"], f"{where}.digest"),
-        )
+    name: str = field(metadata=js(Str(nonempty=True)))
+    size: int = field(metadata=js(Int()))
+    digest: str = field(metadata=js(_DIGEST))
 
 
-@dataclass(frozen=True)
-class ShardInfo:
+@schema("shard")
+@dataclass(frozen=True, slots=True)
+class ShardInfo(SchemaObject):
     """1-based ``index`` of this file among ``count`` shards (1 of 1 for a single file)."""
 
-    index: int
-    count: int
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"index", "count"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "count": self.count}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "shard") -> ShardInfo:
-        obj = _obj(value, where, cls.KEYS)
-        count = _int(obj["count"], f"{where}.count", 1, 99_999_999)
-        return cls(_int(obj["index"], f"{where}.index", 1, count), count)
+    index: int = field(metadata=js(Int(1, "count")))
+    count: int = field(metadata=js(Int(1, 99_999_999)))
 
 
-@dataclass(frozen=True)
-class Header:
+@schema("")
+@dataclass(frozen=True, slots=True)
+class Header(SchemaObject):
     """The whole header JSON of one container file."""
 
-    artifact: ArtifactMeta
-    files: tuple[SideFile, ...]
-    shard: ShardInfo
-    tensors: tuple[TensorEntry, ...]
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"artifact", "files", "shard", "tensors"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "artifact": self.artifact.to_json(),
-            "files": [f.to_json() for f in self.files],
-            "shard": self.shard.to_json(),
-            "tensors": [t.to_json() for t in self.tensors],
-        }
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "") -> Header:
-        obj = _obj(value, where, cls.KEYS)
-        pre = f"{where}." if where else ""
-        memo: dict[Any, Any] = {}
-        return cls(
-            artifact=ArtifactMeta.from_json(obj["artifact"], f"{pre}artifact"),
-            files=tuple(
-                SideFile.from_json(v, f"{pre}files[{i}]")
-                for i, v in enumerate(_list(obj["files"], f"{pre}files"))
-            ),
-            shard=ShardInfo.from_json(obj["shard"], f"{pre}shard"),
-            tensors=tuple(
-                TensorEntry.from_json(v, f"{pre}tensors[{i}]", memo)
-                for i, v in enumerate(_list(obj["tensors"], f"{pre}tensors"))
-            ),
-        )
+    artifact: ArtifactMeta = field(metadata=js(Obj(ArtifactMeta)))
+    files: tuple[SideFile, ...] = field(metadata=js(Seq(Obj(SideFile))))
+    shard: ShardInfo = field(metadata=js(Obj(ShardInfo)))
+    tensors: tuple[TensorEntry, ...] = field(metadata=js(Seq(Obj(TensorEntry))))
 
 
 # ---------------------------------------------------------------------------------------------
 # Shard index (model.ninfer.index.json)
 
 
-@dataclass(frozen=True)
-class IndexShard:
+@schema("shard")
+@dataclass(frozen=True, slots=True)
+class IndexShard(SchemaObject):
     """One shard: its file name, its exact size, and its header digest (hex)."""
 
-    file: str
-    size: int
-    digest: str
-
-    KEYS: ClassVar[frozenset[str]] = frozenset({"file", "size", "digest"})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "size": self.size, "digest": self.digest}
-
-    @classmethod
-    def from_json(cls, value: object, where: str = "shard") -> IndexShard:
-        obj = _obj(value, where, cls.KEYS)
-        return cls(
-            file=_str(obj["file"], f"{where}.file", nonempty=True),
-            size=_int(obj["size"], f"{where}.size"),
-            digest=_digest(obj["digest"], f"{where}.digest"),
-        )
+    file: str = field(metadata=js(Str(nonempty=True)))
+    size: int = field(metadata=js(Int()))
+    digest: str = field(metadata=js(_DIGEST))
 
 
 INDEX_FORMAT = "ninfer-index"
 
 
-@dataclass(frozen=True)
-class IndexFile:
+@schema("", consts={"format": INDEX_FORMAT})
+@dataclass(frozen=True, slots=True)
+class IndexFile(SchemaObject):
     """``model.ninfer.index.json``: format tag and version, total size, shards, weight map."""
 
-    version: int
-    total_size: int
-    shards: tuple[IndexShard, ...]
-    weight_map: Mapping[str, str]
+    version: int = field(metadata=js(Int()))
+    total_size: int = field(metadata=js(Int()))
+    shards: tuple[IndexShard, ...] = field(metadata=js(Seq(Obj(IndexShard))))
+    weight_map: Mapping[str, str] = field(metadata=js(StrMap(Str(nonempty=True))))
 
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"format", "version", "total_size", "shards", "weight_map"}
-    )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": INDEX_FORMAT,
-            "version": self.version,
-            "total_size": self.total_size,
-            "shards": [s.to_json() for s in self.shards],
-            "weight_map": dict(self.weight_map),
-        }
+SCHEMA_CLASSES: tuple[type[SchemaObject], ...] = (
+    SourceRef, ConcatTransform, TransposeTransform, ReshapeTransform, CopyQuantizedTransform,
+    RuleRef, Provenance, Producer, RecipeInfo, SourceFile, SourceTensor, SourceRepo, SourceInfo,
+    ArtifactMeta, PlaneEntry, TensorEntry, SideFile, ShardInfo, Header, IndexShard, IndexFile,
+)  # fmt: skip
+"""Every schema class (the round-trip tests walk them all)."""
 
-    @classmethod
-    def from_json(cls, value: object, where: str = "") -> IndexFile:
-        obj = _obj(value, where, cls.KEYS)
-        pre = f"{where}." if where else ""
-        if obj["format"] != INDEX_FORMAT:
-            raise SchemaError(f"{pre}format", f"expected {INDEX_FORMAT!r}, got {obj['format']!r}")
-        wm = obj["weight_map"]
-        if not isinstance(wm, Mapping):
-            raise SchemaError(f"{pre}weight_map", f"expected an object, got {_kind(wm)}")
-        return cls(
-            version=_int(obj["version"], f"{pre}version"),
-            total_size=_int(obj["total_size"], f"{pre}total_size"),
-            shards=tuple(
-                IndexShard.from_json(v, f"{pre}shards[{i}]")
-                for i, v in enumerate(_list(obj["shards"], f"{pre}shards"))
-            ),
-            weight_map={
-                _str(k, f"{pre}weight_map"): _str(v, f"{pre}weight_map.{k}", nonempty=True)
-                for k, v in wm.items()
-            },
-        )
+_fast_tensor: Callable[[object, dict[Any, Any]], TensorEntry | None] = globals()["_fast_tensor"]
+_fast_provenance: Callable[[object, dict[Any, Any]], Provenance | None] = globals()[
+    "_fast_provenance"
+]
+_fast_source_tensor: Callable[[object], SourceTensor | None] = globals()["_fast_source_tensor"]
