@@ -354,13 +354,16 @@ class Provenance:
     encoder_profile: str | None
     rule: RuleRef
     constraints: tuple[str, ...] = ()
+    importance: str | None = None
+    """Digest of the tensor's importance vector in the importance side file (only present
+    for an encoder profile that takes one; docs/container.md section 4.8)."""
 
     KEYS: ClassVar[frozenset[str]] = frozenset(
         {"sources", "conversion", "transforms", "encoder_profile", "rule", "constraints"}
     )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "sources": [s.to_json() for s in self.sources],
             "conversion": self.conversion,
             "transforms": [t.to_json() for t in self.transforms],
@@ -368,6 +371,9 @@ class Provenance:
             "rule": self.rule.to_json(),
             "constraints": list(self.constraints),
         }
+        if self.importance is not None:  # absent otherwise: older artifacts stay byte-identical
+            out["importance"] = self.importance
+        return out
 
     @classmethod
     def from_json(cls, value: object, where: str = "provenance") -> Provenance:
@@ -381,8 +387,13 @@ class Provenance:
         """The field-by-field validation that names the failing field."""
         if isinstance(value, cls):
             return value
-        obj = _obj(value, where, cls.KEYS)
+        with_importance = isinstance(value, Mapping) and "importance" in value
+        obj = _obj(value, where, cls.KEYS | {"importance"} if with_importance else cls.KEYS)
+        importance = None
+        if with_importance:
+            importance = _digest(obj["importance"], f"{where}.importance")
         return cls(
+            importance=importance,
             sources=tuple(
                 _coerce(SourceRef, v, f"{where}.sources[{i}]")
                 for i, v in enumerate(_list(obj["sources"], f"{where}.sources"))
