@@ -186,3 +186,40 @@ def test_inspect_shows_which_tensors_used_importance(tmp_path: Path) -> None:
     tensors = {t["name"]: t for t in doc["tensors"]}
     assert tensors["w"]["importance"] == vector_digest(_weights())
     assert tensors["v"]["importance"] is None
+
+
+def _fused_source(tmp: Path) -> tuple[Path, np.ndarray, Path]:
+    src = tmp / "fsrc"
+    src.mkdir()
+    rng = np.random.default_rng(8)
+    a = (rng.standard_normal((70, 96)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    b = (rng.standard_normal((30, 96)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    write_safetensors(src / "model.safetensors", {"a": ("BF16", a), "b": ("BF16", b)})
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    recipe = tmp / "fused.yaml"
+    recipe.write_text(
+        RECIPE_HEAD + "- derive: ab\n  inputs: [a, b]\n  concat_axis: 0\n"
+        f"  format: Q4G64_F16S\n  encoder_profile: {IW}\n  role: r\n  evidence: [e1]\n"
+    )
+    return src, np.concatenate([a, b], axis=0), recipe
+
+
+def test_a_row_concat_takes_its_inputs_shared_vector(tmp_path: Path) -> None:
+    src, words, recipe = _fused_source(tmp_path)
+    w = _weights(3, 96)
+    out = tmp_path / "out"
+    imp = _importance(tmp_path, {"a": w, "b": w})
+    convert_checkpoint(src, recipe, out, device="cpu", jobs=2, importance=imp)
+    ref = encode_grouped_words(words, "BF16", "Q4G64_F16S", backend="oracle", profile=IW,
+                               importance=w)  # fmt: skip
+    with open_artifact(out) as art:
+        got = art.read("ab")
+        assert art.tensors["ab"].provenance["importance"] == vector_digest(w)
+    assert isinstance(got, GroupedCodes)
+    assert got.scales.tobytes() == ref.scales.tobytes()
+    assert got.codes.tobytes() == ref.codes.tobytes()
+    assert (out / IMPORTANCE_FILE).read_bytes() == importance_bytes({"ab": w})
+    assert verify_artifact(out, device="cpu", oracle_groups=8).exit_code == 0
+    differ = _importance(tmp_path, {"a": w, "b": _weights(4, 96)}, "differ")
+    with pytest.raises(RecipeError, match="different importance vectors"):
+        convert_checkpoint(src, recipe, tmp_path / "x", device="cpu", importance=differ)
