@@ -35,7 +35,11 @@ Contract:
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.  Tensors whose rule names
-  MSE_F16_SEARCH_V1 are always encoded on the host, with its C kernel (docs/encoder-profiles.md).
+  MSE_F16_SEARCH_V1 or MSE_F16_SEARCH_IW_V1 are always encoded on the host, with their C kernel
+  (docs/encoder-profiles.md).
+* ``importance`` (MSE_F16_SEARCH_IW_V1 rules): the vectors are attached to the plan and checked
+  before any tensor is read (:func:`~.importance.attach_importance`); the ones used are stored
+  as the side file importance.safetensors and each tensor's provenance records its digest.
 """
 
 from __future__ import annotations
