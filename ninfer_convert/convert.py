@@ -260,8 +260,8 @@ def plan_conversion(
             "drop --importance",
         )
     plan = attach_importance(plan, vectors, str(importance))
-    if any(name == IMPORTANCE_FILE for _, name in side_file_names(plan, src.side_files)) and (
-        stored_vectors(plan)
+    if stored_vectors(plan) and any(
+        name == IMPORTANCE_FILE for _, name in side_file_names(plan, src.side_files)
     ):
         raise UsageError(
             f"the source has a side file named {IMPORTANCE_FILE}, the name the artifact's "
