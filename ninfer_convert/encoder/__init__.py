@@ -62,9 +62,7 @@ def encode_grouped_words(
             hint=f"only {MSE_F16_SEARCH_IW_V1} weights its error by per-column importance",
         )
     if prof.name in (MSE_F16_SEARCH_V1, MSE_F16_SEARCH_IW_V1):
-        return _encode_mse(
-            words, source_dtype, entry, backend, device, tensor, threads, importance
-        )
+        return _encode_mse(words, source_dtype, entry, backend, device, tensor, threads, importance)
     if backend == "numpy":
         return encode_numpy(words, source_dtype, entry, tensor=tensor, threads=threads)
     if backend == "torch":
