@@ -72,9 +72,14 @@ def side_file_names(
 
 def add_text_file(writer: ArtifactWriter, name: str, text: str) -> None:
     """Add ``text`` (UTF-8) to the model directory as the side file ``name``."""
+    add_bytes_file(writer, name, text.encode("utf-8"))
+
+
+def add_bytes_file(writer: ArtifactWriter, name: str, data: bytes) -> None:
+    """Add ``data`` to the model directory as the side file ``name`` (a generated file)."""
     with tempfile.TemporaryDirectory(prefix="ninfer-card-") as tmp:
         path = Path(tmp) / name
-        path.write_bytes(text.encode("utf-8"))
+        path.write_bytes(data)
         writer.add_file(path, name)
 
 

@@ -39,7 +39,11 @@ Contract:
 * On CUDA, grouped tensors are encoded by the torch backend after a parity gate (the Section 12
   boundary corpus must match the oracle bit for bit, or conversion stops), and a sample of rows
   of every GPU-encoded tensor is re-encoded on the host and compared.  Tensors whose rule names
-  MSE_F16_SEARCH_V1 are always encoded on the host, with its C kernel (docs/encoder-profiles.md).
+  MSE_F16_SEARCH_V1 or MSE_F16_SEARCH_IW_V1 are always encoded on the host, with their C kernel
+  (docs/encoder-profiles.md).
+* ``importance`` (MSE_F16_SEARCH_IW_V1 rules): the vectors are attached to the plan and checked
+  before any tensor is read (:func:`~.importance.attach_importance`); the ones used are stored
+  as the side file importance.safetensors and each tensor's provenance records its digest.
 """
 
 from __future__ import annotations
@@ -61,7 +65,14 @@ import numpy as np
 import numpy.typing as npt
 
 from . import __version__
-from .card import README_NAME, SOURCE_README_NAME, add_text_file, render_readme, side_file_names
+from .card import (
+    README_NAME,
+    SOURCE_README_NAME,
+    add_bytes_file,
+    add_text_file,
+    render_readme,
+    side_file_names,
+)
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import (
     Destination,
@@ -82,6 +93,15 @@ from .fused import (
     encode_pack_grouped,
     encode_pack_torch,
     equals_packed_grouped,
+)
+from .importance import (
+    IMPORTANCE_FILE,
+    attach_importance,
+    importance_bytes,
+    load_importance,
+    needs_importance,
+    stored_vectors,
+    vector_digest,
 )
 from .layouts import lookup_layout
 from .logical import GroupedCodes, LogicalTensor
@@ -235,12 +255,33 @@ def plan_conversion(
     recipe: str | Path | Recipe,
     *,
     check_identity: bool = True,
+    importance: str | Path | None = None,
 ) -> tuple[SourceCheckpoint, Plan]:
-    """Open the source and plan it against the recipe (metadata only)."""
+    """Open the source and plan it against the recipe (metadata only); ``importance`` is the
+    importance file of MSE_F16_SEARCH_IW_V1 rules, whose vectors are attached and checked."""
     src = source if isinstance(source, SourceCheckpoint) else open_source(source)
     # Given a path, build_plan reports recipe-file and against-source problems together.
     plan = build_plan(recipe, src, check_identity=check_identity)
     side_file_names(plan, src.side_files)  # a model-card name clash fails a dry run too
+    vectors = load_importance(importance).vectors if importance is not None else None
+    if vectors is not None and not any(needs_importance(e) for e in plan.entries):
+        raise UsageError(
+            "an importance file was given but no recipe rule selects an importance-weighted "
+            "encoder profile",
+            path=str(importance),
+            hint="select encoder_profile: MSE_F16_SEARCH_IW_V1 in the rules it is for, or "
+            "drop --importance",
+        )
+    plan = attach_importance(plan, vectors, str(importance))
+    if stored_vectors(plan) and any(
+        name == IMPORTANCE_FILE for _, name in side_file_names(plan, src.side_files)
+    ):
+        raise UsageError(
+            f"the source has a side file named {IMPORTANCE_FILE}, the name the artifact's "
+            "importance vectors are stored under",
+            path=str(src.path),
+            hint="rename or remove that file in a copy of the source",
+        )
     return src, plan
 
 
@@ -270,6 +311,7 @@ def derive_logical(
             tensor=entry.output,
             threads=threads,
             profile=profile,
+            importance=entry.importance,
         )
     else:
         encode_input = None
@@ -294,7 +336,7 @@ def provenance_of(entry: PlanEntry) -> dict[str, Any]:
             transforms.append({"op": "transpose"})
     if entry.copy is not None:
         transforms.append({"op": "copy-quantized", "scheme": entry.copy})
-    return {
+    prov: dict[str, Any] = {
         "sources": [
             {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "file": s.file}
             for s in entry.sources
@@ -305,6 +347,9 @@ def provenance_of(entry: PlanEntry) -> dict[str, Any]:
         "rule": {"index": entry.rule.index, "line": entry.rule.line, "pattern": entry.rule.pattern},
         "constraints": list(entry.constraints),
     }
+    if entry.importance is not None:  # only then: other artifacts stay byte-identical
+        prov["importance"] = vector_digest(entry.importance)
+    return prov
 
 
 def _provenances(plan: Plan) -> dict[str, Provenance]:
@@ -501,6 +546,7 @@ def derive_packed(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block, out=out,
             profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1, sink=sink,
+            importance=entry.importance,
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
     if fmt.is_grouped and device == "cuda" and out is not None:
@@ -595,6 +641,7 @@ def host_grouped_equals(
         enc.words, enc.source_dtype, entry.format, stored, tensor=entry.output,
         threads=threads, on_block=on_block, digests=digests,
         profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
+        importance=entry.importance,
     )  # fmt: skip
     return equal, source_digests, enc
 
@@ -754,14 +801,19 @@ def convert_checkpoint(
     progress: Callable[[ProgressEvent], None] | None = None,
     signer: Signer | None = None,
     on_notice: Callable[[str], None] | None = None,
+    importance: str | Path | None = None,
 ) -> ConvertReport:
     """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
-    ``signer`` just before it is published, when given)."""
+    ``signer`` just before it is published, when given).  ``importance``: the importance file
+    for MSE_F16_SEARCH_IW_V1 rules (docs/recipes.md); the vectors used are stored in the
+    artifact as the side file importance.safetensors."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
     started = time.perf_counter()
-    src, plan = plan_conversion(source, recipe, check_identity=check_identity)
+    src, plan = plan_conversion(
+        source, recipe, check_identity=check_identity, importance=importance
+    )
     side_files = _copied_side_files(plan, src)  # refuses a clash before reading
     grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
     # Only grouped tensors are encoded: without them there is no device to choose.
@@ -874,6 +926,9 @@ def convert_checkpoint(
             writer.add_file(path, name)
         if card is not None:
             add_text_file(writer, README_NAME, card)
+        vectors = stored_vectors(plan)
+        if vectors:
+            add_bytes_file(writer, IMPORTANCE_FILE, importance_bytes(vectors))
         writer.set_metadata(_metadata(plan, src, digests, alignment))
         signed: list[SignatureStatus] = []
 

@@ -241,12 +241,12 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
 # model loading
 
 
-def _require_transformers() -> Any:
+def _require_transformers(command: str = "ninfer eval") -> Any:
     try:
         import transformers
     except ImportError:
         raise UsageError(
-            "ninfer eval needs transformers, which is not installed", hint=INTEROP_HINT
+            f"{command} needs transformers, which is not installed", hint=INTEROP_HINT
         ) from None
     return transformers
 
@@ -277,6 +277,57 @@ def _model_class(
         f"{name} is neither a causal LM nor an encoder model; eval supports those two",
         path=where,
     )
+
+
+def load_source_model(
+    src_path: str, device: str, dtype: str, say: Progress, command: str = "ninfer eval"
+) -> tuple[Any, Any, Any, Kind]:
+    """Load the source model directory with transformers (``architectures[0]`` of its
+    config.json) in eval mode on ``device``; returns (transformers, model, class, kind).  Shared
+    by ``ninfer eval`` and ``ninfer calibrate``: typed errors for a missing extra, a single file,
+    a quantized source, an unknown class and encoder-decoder models."""
+    transformers = _require_transformers(command)
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was requested but torch sees no CUDA device")
+    src_dir = Path(src_path)
+    if not src_dir.is_dir():
+        raise UsageError(
+            f"{command} runs the source with transformers, which needs a model directory "
+            "(config.json and weights), not a single file",
+            path=src_path,
+            hint="pass the model directory"
+            + (" with --source, or use --sqnr-only" if command == "ninfer eval" else ""),
+        )
+    # The source reader's checks (weights present, config.json a bounded JSON object):
+    # typed errors here rather than a traceback from from_pretrained.
+    config = open_source(src_dir).config
+    if config is not None and "quantization_config" in config:
+        raise UsageError(
+            f"the source is itself quantized (config.json has a quantization_config); {command} "
+            "needs a dense source model",
+            path=src_path,
+            hint="use the dense checkpoint the quantized one was made from"
+            + (
+                ", or --sqnr-only (copied words are checked bit for bit by ninfer verify)"
+                if command == "ninfer eval"
+                else ""
+            ),
+        )
+    cls, kind = _model_class(transformers, config, src_path)
+    say(f"loading the source into {cls.__name__}")
+    model_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    model = cls.from_pretrained(src_path, dtype=model_dtype).to(device).eval()
+    if getattr(model.config, "is_encoder_decoder", False):
+        # T5, BART, Whisper: "...ForConditionalGeneration" too, but not run like either kind.
+        raise UsageError(
+            f"{cls.__name__} is an encoder-decoder model; {command} supports causal LMs and "
+            "encoders",
+            path=src_path,
+            hint="use --sqnr-only to compare the values" if command == "ninfer eval" else None,
+        )
+    return transformers, model, cls, kind
 
 
 def load_artifact_into(
@@ -653,42 +704,10 @@ def _evaluate(
                 model_class=None, kind=None, tokenizer=None, prompt_tokens=0, sqnr=sq,
                 elapsed_s=time.perf_counter() - started, **report_kw,
             )  # fmt: skip
-        transformers = _require_transformers()
+        transformers, model, cls, kind = load_source_model(src_path, device, dtype, say)
         import torch
 
-        if device == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--device cuda was requested but torch sees no CUDA device")
         src_dir = Path(src_path)
-        if not src_dir.is_dir():
-            raise UsageError(
-                "ninfer eval runs the source with transformers, which needs a model directory "
-                "(config.json and weights), not a single file",
-                path=src_path,
-                hint="pass the model directory with --source, or use --sqnr-only",
-            )
-        # The source reader's checks (weights present, config.json a bounded JSON object):
-        # typed errors here rather than a traceback from from_pretrained.
-        config = open_source(src_dir).config
-        if config is not None and "quantization_config" in config:
-            raise UsageError(
-                "the source is itself quantized (config.json has a quantization_config); eval "
-                "compares an artifact with a dense source model",
-                path=src_path,
-                hint="compare against the dense checkpoint the quantized one was made from, or "
-                "use --sqnr-only (copied words are checked bit for bit by ninfer verify)",
-            )
-        cls, kind = _model_class(transformers, config, src_path)
-        say(f"loading the source into {cls.__name__}")
-        model_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
-        model = cls.from_pretrained(src_path, dtype=model_dtype).to(device).eval()
-        if getattr(model.config, "is_encoder_decoder", False):
-            # T5, BART, Whisper: "...ForConditionalGeneration" too, but not run like either kind.
-            raise UsageError(
-                f"{cls.__name__} is an encoder-decoder model; eval supports causal LMs and "
-                "encoders",
-                path=src_path,
-                hint="use --sqnr-only to compare the values",
-            )
         text_config = model.config.get_text_config()
         vocab = int(getattr(text_config, "vocab_size", 0) or 0)
         toks = _tokenize(transformers, src_dir, plist, vocab)

@@ -23,6 +23,7 @@ __all__ = [
     "ENCODER_PROFILES",
     "FORMATS",
     "MAXABS_F16_RECIP_RNE_V1",
+    "MSE_F16_SEARCH_IW_V1",
     "MSE_F16_SEARCH_V1",
     "Category",
     "EncoderProfile",
@@ -155,10 +156,13 @@ class EncoderProfile:
     name: str
     formats: frozenset[str]
     description: str
+    importance: bool = False
+    """Whether the encoder takes a per-column importance vector (stored in the artifact)."""
 
 
 MAXABS_F16_RECIP_RNE_V1 = "MAXABS_F16_RECIP_RNE_V1"
 MSE_F16_SEARCH_V1 = "MSE_F16_SEARCH_V1"
+MSE_F16_SEARCH_IW_V1 = "MSE_F16_SEARCH_IW_V1"
 _GROUPED = frozenset({"Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"})
 
 ENCODER_PROFILES: Mapping[str, EncoderProfile] = MappingProxyType(
@@ -176,6 +180,14 @@ ENCODER_PROFILES: Mapping[str, EncoderProfile] = MappingProxyType(
             "amax*32/(qmax*c) for c = 29..40); nearest codes on the whole interval; the "
             "smallest binary64 squared error wins, ties to the lower index "
             "(docs/encoder-profiles.md)",
+        ),
+        MSE_F16_SEARCH_IW_V1: EncoderProfile(
+            MSE_F16_SEARCH_IW_V1,
+            _GROUPED,
+            "MSE_F16_SEARCH_V1's candidates, codes and tie rule with the squared error of "
+            "column k weighted by a stored binary32 importance w[k] (finite, >= +0) in "
+            "binary64 (docs/encoder-profiles.md)",
+            importance=True,
         ),
     }
 )

@@ -96,6 +96,7 @@ def encode_pack_grouped(
     out: list[npt.NDArray[np.uint8]] | None = None,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     sink: PlaneSink | None = None,
+    importance: npt.NDArray[np.uint32] | None = None,
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics.
@@ -111,7 +112,7 @@ def encode_pack_grouped(
         raise ValueError("a sink needs the out planes it writes")
     planes = out if out is not None else [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
-                chunk_elements, on_block, kernel, profile, sink)  # fmt: skip
+                chunk_elements, on_block, kernel, profile, sink, importance)  # fmt: skip
     return planes
 
 
@@ -186,6 +187,7 @@ def equals_packed_grouped(
     digests: list[Digest] | None = None,
     kernel: str = "native",
     profile: str = MAXABS_F16_RECIP_RNE_V1,
+    importance: npt.NDArray[np.uint32] | None = None,
 ) -> bool:
     """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
     building the planes: each packed block is compared with its slice of ``stored`` while it
@@ -219,7 +221,7 @@ def equals_packed_grouped(
 
     equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True,
                         after if digests is not None else None, tensor, threads, chunk_elements,
-                        on_block, kernel, profile)  # fmt: skip
+                        on_block, kernel, profile, None, importance)  # fmt: skip
     for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
         digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
     return equal
@@ -251,6 +253,7 @@ def _run_blocks(
     kernel: str,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     sink: PlaneSink | None = None,
+    importance: npt.NDArray[np.uint32] | None = None,
 ) -> bool:
     """Encode, check and pack ``words`` one row block at a time, writing each block's rows of
     every plane into ``planes`` (or, with ``sink``, packing them into per-thread scratch and
@@ -286,7 +289,7 @@ def _run_blocks(
         block_words = words[r0:r1]  # a view, or the derived rows
         sums = encode_rows(
             block_words, source_dtype, fmt, r0, codes, scales, tensor, kernel,
-            with_sums=on_block is not None, profile=profile,
+            with_sums=on_block is not None, profile=profile, importance=importance,
         )  # fmt: skip
         if on_block is not None:
             on_block(r0, r1, block_words, codes, scales, sums)

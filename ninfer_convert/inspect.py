@@ -112,11 +112,15 @@ class TensorRow:
     sources: tuple[str, ...]
     logical_bits_per_weight: float | None
     physical_bits_per_weight: float | None
+    importance: str | None = None
+    """Digest of the importance vector the encoder used (MSE_F16_SEARCH_IW_V1), else None."""
 
     @property
     def derivation(self) -> str:
         """Encoder profile, conversion and transforms in one short text ('-' when none)."""
         parts = [p for p in (self.encoder_profile, self.conversion) if p]
+        if self.importance is not None:
+            parts.append(f"importance {self.importance[:12]}")
         parts += list(self.transforms)
         return ", ".join(parts) if parts else "-"
 
@@ -137,6 +141,7 @@ class TensorRow:
             "sources": list(self.sources),
             "logical_bits_per_weight": self.logical_bits_per_weight,
             "physical_bits_per_weight": self.physical_bits_per_weight,
+            "importance": self.importance,
         }
 
 
@@ -327,6 +332,7 @@ def _row(info: TensorInfo) -> TensorRow:
         sources=tuple(s.name for s in prov.sources),
         logical_bits_per_weight=_bpw(logical_bits(fmt, tuple(info.shape)), n),
         physical_bits_per_weight=_bpw(8 * info.nbytes, n),
+        importance=prov.importance,
     )
 
 

@@ -89,7 +89,11 @@ def test_registry_is_read_only_and_entries_frozen() -> None:
 
 
 def test_encoder_profile_table_is_closed_and_fits_grouped_only() -> None:
-    assert list(ENCODER_PROFILES) == ["MAXABS_F16_RECIP_RNE_V1", "MSE_F16_SEARCH_V1"]
+    assert list(ENCODER_PROFILES) == [
+        "MAXABS_F16_RECIP_RNE_V1",
+        "MSE_F16_SEARCH_V1",
+        "MSE_F16_SEARCH_IW_V1",
+    ]
     for profile in ENCODER_PROFILES:
         for name in CANONICAL:
             if FORMATS[name].is_grouped:

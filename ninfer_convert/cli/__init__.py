@@ -44,7 +44,16 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from . import convert_cmd, eval_cmd, formats_cmd, inspect_cmd, recipes_cmd, sign_cmd, verify_cmd
+    from . import (
+        calibrate_cmd,
+        convert_cmd,
+        eval_cmd,
+        formats_cmd,
+        inspect_cmd,
+        recipes_cmd,
+        sign_cmd,
+        verify_cmd,
+    )
 
     for module in (
         convert_cmd,
@@ -54,6 +63,7 @@ def _register() -> None:
         recipes_cmd,
         sign_cmd,
         eval_cmd,
+        calibrate_cmd,
     ):
         cli.add_command(module.command)
 

@@ -221,6 +221,9 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--sign-key", default=None, metavar="PRIVATE_KEY.pem",
               help="Sign the artifact with this EC private key before publishing it (needs "
               "the [sign] extra).")  # fmt: skip
+@click.option("--importance", default=None, metavar="FILE.safetensors",
+              help="Importance vectors (ninfer calibrate) for rules that select "
+              "MSE_F16_SEARCH_IW_V1; stored in the artifact.")  # fmt: skip
 def command(
     source: str,
     recipe: str | None,
@@ -234,6 +237,7 @@ def command(
     ignore_identity: bool,
     as_json: bool,
     sign_key: str | None,
+    importance: str | None,
 ) -> None:
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
     org/name repo id) into a .ninfer model directory."""
@@ -242,7 +246,9 @@ def command(
     signer: Signer | None = key_signer(sign_key) if sign_key is not None else None
     src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
-        opened, plan = plan_conversion(src, recipe_path, check_identity=not ignore_identity)
+        opened, plan = plan_conversion(
+            src, recipe_path, check_identity=not ignore_identity, importance=importance
+        )
         checked: OutputCheck | None = None
         if output is not None:
             checked = check_output(
@@ -265,7 +271,7 @@ def command(
         report = convert_checkpoint(
             src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
-            progress=reporter, signer=signer,
+            progress=reporter, signer=signer, importance=importance,
             on_notice=lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
     if as_json:

@@ -718,7 +718,11 @@ def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
         g.emit(f"if value[{key!r}] != {const!r}: return None")
     args = []
     for d in cls._FIELDS:
-        assert not d.omit_none, f"{cls.__name__}.{d.name}: optional keys have no fast path"
+        if d.omit_none:
+            # The key check above admits only dicts without the optional key: one that has it
+            # takes the checked path.
+            args.append("None")
+            continue
         var = g.local()
         g.emit(f"{var} = value[{d.key!r}]")
         d.spec.fast(g, var)
@@ -840,6 +844,10 @@ class Provenance(SchemaObject):
     encoder_profile: str | None = field(metadata=js(Opt(_INTERNED)))
     rule: RuleRef = field(metadata=js(Obj(RuleRef)))
     constraints: tuple[str, ...] = field(default=(), metadata=js(Seq(_INTERNED)))
+    importance: str | None = field(default=None, metadata=js(_DIGEST, omit_none=True))
+    """Digest of the tensor's importance vector in the importance side file (only present
+    for an encoder profile that takes one; docs/container.md section 4.8); absent otherwise,
+    so older artifacts stay byte-identical."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ and column.  ``profile=MSE_F16_SEARCH_V1`` selects the error-searching profile
 (docs/encoder-profiles.md): backend ``oracle`` runs its exact reference
 (:mod:`.mse_reference`), ``numpy`` its host encoder (:mod:`.mse_search`), ``torch`` its float64
 torch encoder (:func:`.torch_backend.encode_mse_torch`, CPU or CUDA); all three give the same
-bytes.
+bytes.  ``profile=MSE_F16_SEARCH_IW_V1`` is the same search with an importance-weighted error
+and needs ``importance`` (one binary32 weight per column; backends ``oracle`` and ``numpy``
+only, the torch encoder has no weights); other profiles refuse an importance vector.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import EncodeError, UsageError
-from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, NumericFormat, lookup_profile
+from ..formats import (
+    MAXABS_F16_RECIP_RNE_V1,
+    MSE_F16_SEARCH_IW_V1,
+    MSE_F16_SEARCH_V1,
+    NumericFormat,
+    lookup_profile,
+)
 from ..logical import GroupedCodes
 from .common import SourceDtype, check_words, grouped_format, nonfinite_error, overflow_error
 from .numpy_backend import encode_numpy
@@ -40,12 +48,21 @@ def encode_grouped_words(
     tensor: str | None = None,
     threads: int = 2,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
+    importance: npt.NDArray[np.generic] | None = None,
 ) -> GroupedCodes:
-    """Encode an [N, K] array of source *words* (BF16/F16 as uint16, F32 as uint32/float32)."""
+    """Encode an [N, K] array of source *words* (BF16/F16 as uint16, F32 as uint32/float32);
+    ``importance`` is the [K] binary32 weight vector of MSE_F16_SEARCH_IW_V1."""
     entry = grouped_format(fmt)
     check_words(words, source_dtype)
-    if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
-        return _encode_mse(words, source_dtype, entry, backend, device, tensor, threads)
+    prof = lookup_profile(profile)
+    if prof.importance != (importance is not None):
+        raise UsageError(
+            f"encoder profile {prof.name} "
+            + ("needs an importance vector" if prof.importance else "takes no importance vector"),
+            hint=f"only {MSE_F16_SEARCH_IW_V1} weights its error by per-column importance",
+        )
+    if prof.name in (MSE_F16_SEARCH_V1, MSE_F16_SEARCH_IW_V1):
+        return _encode_mse(words, source_dtype, entry, backend, device, tensor, threads, importance)
     if backend == "numpy":
         return encode_numpy(words, source_dtype, entry, tensor=tensor, threads=threads)
     if backend == "torch":
@@ -67,19 +84,31 @@ def _encode_mse(
     device: Any,
     tensor: str | None,
     threads: int,
+    importance: npt.NDArray[np.generic] | None,
 ) -> GroupedCodes:
-    if backend == "numpy":
-        from .mse_search import encode_mse_numpy
+    from .mse_search import check_weights, encode_mse_numpy
 
-        return encode_mse_numpy(words, source_dtype, fmt, tensor=tensor, threads=threads)
-    if backend == "torch":
+    if backend == "numpy":
+        return encode_mse_numpy(
+            words, source_dtype, fmt, tensor=tensor, threads=threads, weights=importance
+        )
+    if backend == "torch" and importance is None:
         from .torch_backend import encode_mse_torch
 
         return encode_mse_torch(words, source_dtype, fmt, device=device, tensor=tensor)
     if backend == "oracle":
-        return _encode_with_oracle(words, source_dtype, fmt, tensor, reference=True)
+        weights = None if importance is None else check_weights(importance, words.shape[1], tensor)
+        return _encode_with_oracle(
+            words, source_dtype, fmt, tensor, reference=True, weights=weights
+        )
+    name = MSE_F16_SEARCH_V1 if importance is None else MSE_F16_SEARCH_IW_V1
     raise UsageError(
-        f"unknown encoder backend {backend!r}", hint="use one of " + ", ".join(BACKENDS)
+        f"encoder profile {name} has no {backend!r} backend"
+        if backend == "torch"
+        else f"unknown encoder backend {backend!r}",
+        hint="use backend 'numpy' (or 'oracle' for its exact reference)"
+        if backend == "torch"
+        else "use one of " + ", ".join(BACKENDS),
     )
 
 
@@ -90,6 +119,7 @@ def _encode_with_oracle(
     tensor: str | None,
     *,
     reference: bool = False,
+    weights: npt.NDArray[np.uint32] | None = None,
 ) -> GroupedCodes:
     from ..words import bf16_to_f32_words, f16_to_f32_words
 
@@ -105,7 +135,9 @@ def _encode_with_oracle(
         if reference:
             from .mse_reference import encode_mse_reference
 
-            codes, scales = encode_mse_reference(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
+            codes, scales = encode_mse_reference(
+                f32_words, fmt.group_size, fmt.qmin, fmt.qmax, weights
+            )
         else:
             codes, scales = encode_oracle(f32_words, fmt.group_size, fmt.qmin, fmt.qmax)
     except OracleFailure as exc:

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, NumericFormat, lookup_profile
+from ..formats import (
+    MAXABS_F16_RECIP_RNE_V1,
+    MSE_F16_SEARCH_IW_V1,
+    MSE_F16_SEARCH_V1,
+    NumericFormat,
+    lookup_profile,
+)
 from ..native import optional_module
 from .common import nonfinite_error, overflow_error
 from .mse_search import encode_rows_mse
@@ -63,18 +69,27 @@ def encode_rows(
     *,
     with_sums: bool = False,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
+    importance: npt.NDArray[np.uint32] | None = None,
 ) -> ErrorSums | None:
     """Encode ``words`` [n, K] (a block starting at tensor row ``row0``) into the outputs.
 
     With ``with_sums`` the C kernel also returns the block's :data:`ErrorSums` from the same
     pass (see ``_hostkernel.c``); ``None`` means the numpy path ran and the caller computes
     them itself.  ``profile`` MSE_F16_SEARCH_V1 runs its C kernel (``_msekernel.c``) when it
-    was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes."""
-    if lookup_profile(profile).name == MSE_F16_SEARCH_V1:
+    was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes.
+    MSE_F16_SEARCH_IW_V1 does the same with ``importance`` (the tensor's [K] binary32 weights,
+    already checked by ``mse_search.check_weights``), which both kernels take."""
+    name = lookup_profile(profile).name
+    if name == MSE_F16_SEARCH_IW_V1 and importance is None:
+        raise ValueError(f"{MSE_F16_SEARCH_IW_V1} needs the tensor's importance vector")
+    if name in (MSE_F16_SEARCH_V1, MSE_F16_SEARCH_IW_V1):
+        weights = importance if name == MSE_F16_SEARCH_IW_V1 else None
         if kernel == "numpy" or _native_mse is None:
-            encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+            encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor, weights)
         else:
-            encode_rows_mse_native(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
+            encode_rows_mse_native(
+                words, source_dtype, fmt, row0, codes_out, scales_out, tensor, weights
+            )
         return None
     if kernel == "numpy" or _native is None:
         _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)

@@ -1,4 +1,5 @@
-"""Exact reference for the encoder profile MSE_F16_SEARCH_V1 (docs/encoder-profiles.md).
+"""Exact reference for the encoder profiles MSE_F16_SEARCH_V1 and MSE_F16_SEARCH_IW_V1
+(docs/encoder-profiles.md).
 
 Contract: like :mod:`.oracle`, this module never asks the floating-point unit to round
 anything.  Every value it handles is dyadic (an integer times a power of two): binary32 source
@@ -8,6 +9,11 @@ error sum.  Candidate scales are exact rationals rounded once to binary16 by
 binary64 error accumulation is emulated with integer significands and an explicit
 round-to-nearest-even shift.  The fast numpy backend (:mod:`.mse_search`) must match it bit
 for bit.  It is slow (milliseconds per group) and meant to be read against the document.
+
+MSE_F16_SEARCH_IW_V1 is the same search with an importance-weighted error: every function that
+takes ``weights`` (binary32 words, one per value of the group, or one per column of the matrix)
+multiplies each squared difference by the exact widening of its weight, one more emulated
+binary64 rounding, before it is added.  ``weights=None`` is MSE_F16_SEARCH_V1 exactly.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "encode_group_mse_reference",
     "encode_mse_reference",
     "group_error_reference",
+    "weight_problem",
 ]
 
 CANDIDATE_RATIOS: tuple[int, ...] = tuple(range(29, 41))
@@ -114,25 +121,54 @@ def _codes_for(x_words: list[int], scale16: int, qmin: int, qmax: int) -> list[i
     return [min(max(round(decode_binary(w, BINARY32) / s), qmin), qmax) for w in x_words]
 
 
-def group_error_reference(x_words: list[int], scale16: int, codes: list[int]) -> Fraction:
+def weight_problem(word: int) -> str | None:
+    """Why a binary32 importance word is refused, or ``None`` when it is usable: the sign bit
+    must be clear (negative values and -0 are refused, so that a stored vector has one
+    spelling) and the value finite (exponent field not all ones)."""
+    if word >> 31:
+        return "is negative (sign bit set; -0 too: write +0)"
+    if (word >> 23) & 0xFF == 0xFF:
+        return "is not finite (NaN or infinity)"
+    return None
+
+
+def group_error_reference(
+    x_words: list[int], scale16: int, codes: list[int], weights: list[int] | None = None
+) -> Fraction:
     """The document's binary64 error: acc = +0; for i in order: r = s * q (exact),
-    d = RNE64(x - r), t = RNE64(d * d), acc = RNE64(acc + t).  Returned as its exact value."""
+    d = RNE64(x - r), t = RNE64(d * d), [u = RNE64(w64[i] * t),] acc = RNE64(acc + u).
+    Returned as its exact value; ``weights`` are binary32 words (one per value), already
+    checked by :func:`weight_problem`."""
     sm, se = _dyadic16(scale16)
+    ws: list[tuple[int, int] | None] = (
+        [None] * len(x_words) if weights is None else [_dyadic32(w) for w in weights]
+    )
     acc = (0, 0)
-    for w, q in zip(x_words, codes, strict=True):
+    for w, q, wt in zip(x_words, codes, ws, strict=True):
         xm, xe = _dyadic32(w)
         d = _rne64(*_add((xm, xe), (-sm * q, se)))
         t = _rne64(d[0] * d[0], 2 * d[1])
+        if wt is not None:
+            t = _rne64(wt[0] * t[0], wt[1] + t[1])
         acc = _rne64(*_add(acc, t))
     return Fraction(acc[0]) * Fraction(2) ** acc[1]
 
 
-def encode_group_mse_reference(x_words: list[int], qmin: int, qmax: int) -> tuple[int, list[int]]:
+def encode_group_mse_reference(
+    x_words: list[int], qmin: int, qmax: int, weights: list[int] | None = None
+) -> tuple[int, list[int]]:
     """Encode one group of binary32 words; returns (binary16 scale word, signed codes).
 
-    Raises :class:`~.oracle.OracleFailure` exactly where MAXABS_F16_RECIP_RNE_V1 does
-    (non-finite value, canonical scale overflowing binary16).
+    With ``weights`` (one binary32 word per value) this is MSE_F16_SEARCH_IW_V1, else
+    MSE_F16_SEARCH_V1.  Raises :class:`~.oracle.OracleFailure` exactly where
+    MAXABS_F16_RECIP_RNE_V1 does (non-finite value, canonical scale overflowing binary16);
+    weights must have passed :func:`weight_problem` (the caller names the tensor and column).
     """
+    if weights is not None:
+        if len(weights) != len(x_words):
+            raise ValueError("one weight per value of the group")
+        if any(weight_problem(w) for w in weights):
+            raise ValueError("weights must be finite binary32 words with the sign bit clear")
     for i, w in enumerate(x_words):
         if (w >> 23) & 0xFF == 0xFF:
             raise OracleFailure(-1, -1, i, float("nan"))
@@ -143,7 +179,7 @@ def encode_group_mse_reference(x_words: list[int], qmin: int, qmax: int) -> tupl
         if scale is None:
             continue
         codes = _codes_for(x_words, scale, qmin, qmax)
-        err = group_error_reference(x_words, scale, codes)
+        err = group_error_reference(x_words, scale, codes, weights)
         if best is None or err < best[0]:  # strict: the smallest index wins a tie
             best = (err, scale, codes)
     assert best is not None  # candidate 0 (canonical) is always finite here
@@ -151,10 +187,31 @@ def encode_group_mse_reference(x_words: list[int], qmin: int, qmax: int) -> tupl
 
 
 def encode_mse_reference(
-    x_words: npt.NDArray[np.uint32], group_size: int, qmin: int, qmax: int
+    x_words: npt.NDArray[np.uint32],
+    group_size: int,
+    qmin: int,
+    qmax: int,
+    weights: npt.NDArray[np.uint32] | None = None,
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
-    """Encode an [N, K] matrix of binary32 words group by group with the reference.
+    """Encode an [N, K] matrix of binary32 words group by group with the reference; with
+    ``weights`` ([K] binary32 words, one per column) the importance-weighted profile.
 
     Raises :class:`~.oracle.OracleFailure` with the row, group (and column) of the first failure.
     """
-    return encode_matrix(encode_group_mse_reference, x_words, group_size, qmin, qmax)
+    if weights is None:
+        return encode_matrix(encode_group_mse_reference, x_words, group_size, qmin, qmax)
+    per_column = [int(w) for w in np.asarray(weights, dtype=np.uint32).reshape(-1)]
+    if len(per_column) != x_words.shape[1]:
+        raise ValueError("one weight per column")
+    k = x_words.shape[1]
+    n_groups = -(-k // group_size)
+    # encode_matrix hands each group over without its column; groups are visited row by row,
+    # group by group, so the g-th call of a row is group g (columns g*G .. ).
+    calls = iter(range(x_words.shape[0] * n_groups))
+
+    def weighted(x: list[int], lo_q: int, hi_q: int) -> tuple[int, list[int]]:
+        g = next(calls) % n_groups
+        lo = g * group_size
+        return encode_group_mse_reference(x, lo_q, hi_q, per_column[lo : lo + len(x)])
+
+    return encode_matrix(weighted, x_words, group_size, qmin, qmax)

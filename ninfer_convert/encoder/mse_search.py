@@ -1,4 +1,5 @@
-"""Host encoder for the profile MSE_F16_SEARCH_V1, vectorised numpy (docs/encoder-profiles.md).
+"""Host encoder for the profiles MSE_F16_SEARCH_V1 and MSE_F16_SEARCH_IW_V1, vectorised numpy
+(docs/encoder-profiles.md).
 
 Contract: bit-identical to :mod:`.mse_reference` for every input (tests prove it on the
 profile's boundary corpus and on generated matrices), and it refuses exactly the groups that
@@ -20,6 +21,10 @@ Why plain numpy arithmetic is exact here (the arguments are spelled out in the d
   is one contiguous binary64 ``np.add`` per value index (never ``np.sum``, whose pairwise
   order differs), and numpy ufuncs never fuse a multiply and an add.
 
+With importance weights (MSE_F16_SEARCH_IW_V1) each squared difference is multiplied by its
+column's weight, widened exactly from binary32, in one more binary64 ``np.multiply`` before it
+is added; weights are checked first by :func:`check_weights` (finite, sign bit clear).
+
 Memory follows the block (a few float64 temporaries of :data:`CHUNK_ELEMENTS` values), never
 the tensor.  The converter runs the profile's C kernel (``_msekernel.c``, dispatched by
 :func:`.host.encode_rows`) when it was built and this encoder otherwise; both write the same
@@ -28,16 +33,61 @@ bytes.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import numpy.typing as npt
 
-from ..formats import NumericFormat
+from ..errors import EncodeError
+from ..formats import MSE_F16_SEARCH_IW_V1, NumericFormat
 from ..logical import GroupedCodes
 from .common import to_f32
-from .mse_reference import CANDIDATE_RATIOS
+from .mse_reference import CANDIDATE_RATIOS, weight_problem
 from .numpy_backend import _encode_rows, encode_chunked
 
-__all__ = ["CHUNK_ELEMENTS", "encode_mse_numpy", "encode_rows_mse", "group_errors"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "check_weights",
+    "encode_mse_numpy",
+    "encode_rows_mse",
+    "group_errors",
+]
+
+
+def check_weights(
+    weights: npt.NDArray[np.generic], k: int, tensor: str | None
+) -> npt.NDArray[np.uint32]:
+    """The importance vector of a tensor with K columns as contiguous binary32 words, or an
+    :class:`~ninfer_convert.errors.EncodeError` naming the tensor and the first bad column."""
+    name = tensor or "<array>"
+    w = np.asarray(weights)
+    if w.dtype == np.float32:
+        w = w.view(np.uint32)
+    if w.dtype != np.uint32 or w.ndim != 1:
+        raise EncodeError(
+            f"tensor {name}: the importance vector must be one-dimensional binary32 "
+            f"(float32 or uint32 words), got {w.dtype} with shape {list(w.shape)}",
+            hint=f"{MSE_F16_SEARCH_IW_V1} takes one binary32 weight per input column",
+        )
+    if w.shape[0] != k:
+        raise EncodeError(
+            f"tensor {name}: the importance vector has {w.shape[0]} weights but the matrix "
+            f"has K = {k} columns",
+            hint="the vector must have one weight per column of the [N, K] matrix the "
+            "encoder sees (after the rule's transforms)",
+        )
+    bad = (w >= np.uint32(0x80000000)) | ((w & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    if bad.any():
+        col = int(np.argmax(bad))
+        word = int(w[col])
+        raise EncodeError(
+            f"tensor {name}: importance weight of column {col} (binary32 word 0x{word:08X}) "
+            f"{weight_problem(word)}",
+            hint=f"{MSE_F16_SEARCH_IW_V1} weights must be finite and >= +0; recompute the "
+            "importance file (ninfer calibrate) or fix that entry",
+        )
+    return np.ascontiguousarray(w)
+
 
 CHUNK_ELEMENTS = 1 << 16
 """Source values per block: 14 candidates each need several float64 temporaries."""
@@ -67,10 +117,12 @@ def group_errors(
     q: npt.NDArray[np.float64],
     t: npt.NDArray[np.float64],
     acc: npt.NDArray[np.float64],
+    wt: npt.NDArray[np.float64] | None = None,
 ) -> None:
     """For groups stored column-wise, ``xt`` [G, m] (column j is group j), and scales ``s`` [m]:
     the nearest codes into ``q`` [G, m] and the document's binary64 error of each group into
-    ``acc`` [m] (``t`` is scratch).  Group-major rows keep every operation contiguous."""
+    ``acc`` [m] (``t`` is scratch).  ``wt`` [G, m] are the widened importance weights of the
+    same positions (MSE_F16_SEARCH_IW_V1).  Group-major rows keep every operation contiguous."""
     assert fmt.qmin is not None and fmt.qmax is not None
     np.divide(xt, s, out=q)
     np.rint(q, out=q)
@@ -79,6 +131,8 @@ def group_errors(
     np.multiply(q, s, out=t)  # s * q: exact (at most 19 significant bits)
     np.subtract(xt, t, out=t)
     np.multiply(t, t, out=t)
+    if wt is not None:
+        np.multiply(wt, t, out=t)  # u = round_f64(w64 * t): one more binary64 rounding
     # acc = +0; acc = acc + t[i] for i = 0, 1, ... in index order (+0 + t[0] is t[0] exactly).
     np.copyto(acc, t[0])
     for i in range(1, t.shape[0]):
@@ -93,17 +147,20 @@ def encode_rows_mse(
     codes_out: npt.NDArray[np.int8],
     scales_out: npt.NDArray[np.uint16],
     tensor: str | None,
+    weights: npt.NDArray[np.uint32] | None = None,
 ) -> None:
     """Encode a block of rows (tensor rows from ``row0``) into the outputs; same signature and
     refusals as :func:`.numpy_backend._encode_rows`.  Works through the block in pieces of
-    about :data:`CHUNK_ELEMENTS` values so that the float64 temporaries stay in cache."""
+    about :data:`CHUNK_ELEMENTS` values so that the float64 temporaries stay in cache.
+    ``weights`` ([K] binary32 words that passed :func:`check_weights`) select
+    MSE_F16_SEARCH_IW_V1."""
     n, k = words.shape
     rows = max(1, CHUNK_ELEMENTS // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         _encode_piece(
             words[r0:r1], source_dtype, fmt, row0 + r0, codes_out[r0:r1], scales_out[r0:r1],
-            tensor,
+            tensor, weights,
         )  # fmt: skip
 
 
@@ -115,6 +172,7 @@ def _encode_piece(
     codes_out: npt.NDArray[np.int8],
     scales_out: npt.NDArray[np.uint16],
     tensor: str | None,
+    weights: npt.NDArray[np.uint32] | None,
 ) -> None:
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
@@ -129,6 +187,11 @@ def _encode_piece(
     x[:, :k] = x32  # +0 fill of a partial group adds exactly +0 to every error sum
     xt = np.ascontiguousarray(x.reshape(m, g).T)  # [G, m]: row i holds value i of every group
     del x
+    wt: npt.NDArray[np.float64] | None = None
+    if weights is not None:
+        w64 = np.zeros(n_groups * g, dtype=np.float64)  # exact widening; +0 pads (t is +0)
+        w64[:k] = weights.view(np.float32)
+        wt = np.ascontiguousarray(np.tile(w64.reshape(n_groups, g).T, (1, n)))  # [G, m]
     amax64 = np.abs(xt).max(axis=0)
     cands = _candidates(amax64, canonical, fmt)
     best_err = np.full(m, np.inf)
@@ -143,7 +206,7 @@ def _encode_piece(
         usable = live & (word < 0x7C00)
         s = word.view(np.float16).astype(np.float64)
         s[~usable] = 1.0  # placeholder; these groups never take this candidate
-        group_errors(xt, s, fmt, q, t, err)
+        group_errors(xt, s, fmt, q, t, err, wt)
         np.less(err, best_err, out=better)  # strict: the smallest index wins a tie
         better &= usable
         np.copyto(best_err, err, where=better)
@@ -166,8 +229,13 @@ def encode_mse_numpy(
     tensor: str | None = None,
     threads: int = 2,
     chunk_elements: int = CHUNK_ELEMENTS,
+    weights: npt.NDArray[np.generic] | None = None,
 ) -> GroupedCodes:
+    """Encode a whole matrix; ``weights`` (checked here) select MSE_F16_SEARCH_IW_V1."""
+    encoder = encode_rows_mse
+    if weights is not None:
+        encoder = partial(encode_rows_mse, weights=check_weights(weights, words.shape[1], tensor))
     return encode_chunked(
-        encode_rows_mse, words, source_dtype, fmt,
+        encoder, words, source_dtype, fmt,
         tensor=tensor, threads=threads, chunk_elements=chunk_elements,
     )  # fmt: skip

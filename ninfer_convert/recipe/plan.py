@@ -165,6 +165,9 @@ class PlanEntry:
     encoded_bytes: int
     """Bytes of all planes from the layout's ``encoded_size`` (container gaps excluded)."""
     source_bytes: int
+    importance: Any = field(default=None, compare=False, repr=False)
+    """MSE_F16_SEARCH_IW_V1 only: the [K] binary32 importance words (a read-only numpy
+    uint32 array) attached by :func:`ninfer_convert.importance.attach_importance`."""
 
     @property
     def numel(self) -> int:

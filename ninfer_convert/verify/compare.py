@@ -190,12 +190,15 @@ def oracle_sample(
     count: int,
     seed: int,
     shape: tuple[int, int] | None = None,
-    group_encoder: Callable[[list[int], int, int], tuple[int, list[int]]] = encode_group_oracle,
+    group_encoder: Callable[..., tuple[int, list[int]]] = encode_group_oracle,
+    weights: npt.NDArray[np.uint32] | None = None,
 ) -> tuple[int, list[Mismatch]]:
     """Re-encode sampled groups with the Section 7 oracle; (groups checked, mismatches).
 
     ``group_encoder`` is the exact reference of the tensor's encoder profile (the Section 7
-    oracle, or :func:`~..encoder.mse_reference.encode_group_mse_reference`).
+    oracle, or :func:`~..encoder.mse_reference.encode_group_mse_reference`); with ``weights``
+    (the tensor's [K] importance words, MSE_F16_SEARCH_IW_V1) it is also given the group's
+    slice of them.
 
     ``source_words`` are the encoder's input words [N, K] of ``source_dtype`` (BF16, F16 or
     F32); each sampled group is widened exactly to binary32 before the oracle sees it.
@@ -227,7 +230,11 @@ def oracle_sample(
         x = to_f32(np.ascontiguousarray(source_words[row : row + 1, lo:hi]), source_dtype)
         x_words = [int(w) for w in x.view(np.uint32).reshape(-1)]
         try:
-            scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax)
+            if weights is None:
+                scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax)
+            else:
+                w = [int(v) for v in weights[lo:hi]]
+                scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax, w)
         except OracleFailure:
             word = int(stored_rows.scales[position[row], group])
             mismatches.append(

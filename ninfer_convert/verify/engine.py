@@ -74,7 +74,20 @@ from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
 from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, IntegrityError, NinferError, SourceError, UsageError
-from ..formats import MAXABS_F16_RECIP_RNE_V1, MSE_F16_SEARCH_V1, Category, lookup_format
+from ..formats import (
+    MAXABS_F16_RECIP_RNE_V1,
+    MSE_F16_SEARCH_IW_V1,
+    MSE_F16_SEARCH_V1,
+    Category,
+    lookup_format,
+)
+from ..importance import (
+    IMPORTANCE_FILE,
+    attach_importance,
+    needs_importance,
+    vector_digest,
+    vectors_from_artifact,
+)
 from ..jsonlimits import nesting_problem
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
@@ -324,12 +337,21 @@ def _input_streams(entry: PlanEntry) -> bool:
 _REFERENCES = {
     MAXABS_F16_RECIP_RNE_V1: encode_group_oracle,
     MSE_F16_SEARCH_V1: encode_group_mse_reference,
+    MSE_F16_SEARCH_IW_V1: encode_group_mse_reference,  # with the group's stored weights
 }
 """The exact reference each encoder profile's oracle-sample groups are re-encoded with."""
 _REFERENCE_TEXT = {
     MAXABS_F16_RECIP_RNE_V1: "differs from the Section 7 oracle",
     MSE_F16_SEARCH_V1: "differs from the exact MSE_F16_SEARCH_V1 reference",
+    MSE_F16_SEARCH_IW_V1: "differs from the exact MSE_F16_SEARCH_IW_V1 reference",
 }
+
+
+def _stored_importance(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | None:
+    """The artifact's importance vectors (its side file, digest-checked on read), or None."""
+    if IMPORTANCE_FILE not in art.side_files:
+        return None
+    return vectors_from_artifact(art.read_side_file(IMPORTANCE_FILE), str(art.path))
 
 
 def _check_tensor(
@@ -457,7 +479,7 @@ def _check_tensor(
         checked, mismatches = oracle_sample(
             fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows and columns by slices only
             shape=(int(info.shape[0]), int(info.shape[1])),
-            group_encoder=_REFERENCES[entry.encoder_profile],
+            group_encoder=_REFERENCES[entry.encoder_profile], weights=entry.importance,
         )  # fmt: skip
         out.oracle_groups = checked
         out.oracle += [
@@ -597,7 +619,10 @@ def _source_side_files(
     copied: dict[str, os.PathLike[str]] = {
         name: source for source, name in _copied_side_files(plan, src)
     }
-    return copied, {README_NAME} if plan.recipe.output.readme else set()
+    generated = {README_NAME} if plan.recipe.output.readme else set()
+    if any(needs_importance(e) for e in plan.entries):
+        generated.add(IMPORTANCE_FILE)
+    return copied, generated
 
 
 def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
@@ -809,6 +834,20 @@ def _prepare_source(
                 ),
             )
         )
+    try:  # MSE_F16_SEARCH_IW_V1 tensors are re-derived from the stored importance vectors
+        plan = attach_importance(plan, _stored_importance(art), str(art.path))
+    except NinferError as exc:
+        return fail(
+            Finding.of(
+                "source-words",
+                ArtifactError(
+                    f"the artifact's importance vectors cannot be used: {exc.message}",
+                    path=str(art.path),
+                    tensor=exc.tensor,
+                ),
+            ),
+            words=True,
+        )
     identity: list[Finding] = _source_metadata_findings(art, plan, src, spec)
     recorded = art.meta.source.tensors
     for name, rec in recorded.items():
@@ -857,6 +896,11 @@ def _prepare_source(
         if prov.encoder_profile != entry.encoder_profile:
             problems.append(
                 f"encoder profile {prov.encoder_profile}, the recipe gives {entry.encoder_profile}"
+            )
+        want_importance = None if entry.importance is None else vector_digest(entry.importance)
+        if prov.importance != want_importance:
+            problems.append(
+                f"importance digest {prov.importance}, the stored vector's is {want_importance}"
             )
         if prov.conversion != entry.conversion:
             problems.append(f"conversion {prov.conversion}, the recipe gives {entry.conversion}")

@@ -1,0 +1,50 @@
+"""``ninfer calibrate SOURCE --output FILE [--prompts FILE] [--max-tokens N] [--device D]``.
+
+A thin layer over :func:`ninfer_convert.calibrate.calibrate_source`: progress lines on stderr,
+one summary line on stdout, the vectors in a new safetensors file (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..calibrate import calibrate_source, write_calibration
+from ..evaluate import read_prompts
+
+__all__ = ["command"]
+
+
+@click.command("calibrate")
+@click.argument("source", type=click.Path(path_type=str))
+@click.option(
+    "--output", "-o", required=True, type=click.Path(path_type=str),
+    help="New safetensors file for the importance vectors (never overwritten).",
+)  # fmt: skip
+@click.option(
+    "--prompts", "prompts_file", type=click.Path(path_type=str), default=None,
+    help="UTF-8 calibration texts, one per line (default: the packaged set).",
+)  # fmt: skip
+@click.option(
+    "--max-tokens", type=int, default=256, show_default=True,
+    help="Tokens kept from each calibration text.",
+)  # fmt: skip
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+def command(
+    source: str, output: str, prompts_file: str | None, max_tokens: int, device: str
+) -> None:
+    """Write per-column activation statistics (mean x^2 per Linear input) for the
+    importance-weighted encoder profile MSE_F16_SEARCH_IW_V1."""
+    texts = read_prompts(prompts_file) if prompts_file is not None else None
+    cal = calibrate_source(
+        source,
+        texts=texts,
+        texts_origin=prompts_file,
+        max_tokens=max_tokens,
+        device=device,
+        progress=lambda msg: click.echo(msg, err=True),
+    )
+    write_calibration(cal, output)
+    click.echo(
+        f"wrote {len(cal.vectors)} importance vectors ({cal.model_class}, {cal.texts} texts, "
+        f"{cal.tokens} tokens) to {output}"
+    )

@@ -1,0 +1,245 @@
+"""Importance vectors of MSE_F16_SEARCH_IW_V1: the file format, reading, writing, digests.
+
+Contract (docs/recipes.md "Importance", docs/container.md section 4.10): an importance file is
+a safetensors file whose tensors are one-dimensional ``F32`` vectors keyed by the *source*
+weight name they belong to (``model.layers.0.mlp.down_proj.weight``), one binary32 weight per
+column K of the [N, K] matrix the encoder sees.  ``ninfer calibrate`` writes one; a recipe names
+one; the converter copies the vectors it used into the artifact as the side file
+:data:`IMPORTANCE_FILE`, written by :func:`importance_bytes` (a pure function of the vectors:
+names sorted, no metadata, so the same vectors give the same bytes), and records each vector's
+digest in the tensor's provenance (:func:`vector_digest`).  Reading goes through the source
+reader (:func:`~ninfer_convert.source.open_source`), so a hostile file gets the same typed
+checks as a checkpoint.  Weight *values* are checked where they are used
+(:func:`~ninfer_convert.encoder.mse_search.check_weights`: finite, sign bit clear, length K).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from .errors import ArtifactError, RecipeError, SourceError, UsageError
+from .formats import lookup_profile
+from .source import open_source
+
+if TYPE_CHECKING:
+    from .recipe.plan import Plan, PlanEntry
+
+__all__ = [
+    "IMPORTANCE_FILE",
+    "ImportanceSet",
+    "attach_importance",
+    "importance_bytes",
+    "load_importance",
+    "needs_importance",
+    "stored_vectors",
+    "vector_digest",
+    "vectors_from_artifact",
+    "write_importance_file",
+]
+
+IMPORTANCE_FILE = "importance.safetensors"
+"""The artifact's side file holding every importance vector the encoder used."""
+
+
+@dataclass(frozen=True)
+class ImportanceSet:
+    """The vectors of one importance file, by source weight name (binary32 words, read-only)."""
+
+    path: str
+    vectors: Mapping[str, npt.NDArray[np.uint32]]
+
+
+def vector_digest(words: npt.NDArray[np.uint32]) -> str:
+    """xxh3-128 (32 lowercase hex digits, as plane digests) of the vector's little-endian
+    binary32 bytes: the tensor's ``provenance.importance``."""
+    return xxhash.xxh3_128(np.ascontiguousarray(words, dtype="<u4").tobytes()).hexdigest()
+
+
+def needs_importance(entry: PlanEntry) -> bool:
+    return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).importance
+
+
+def _vector_for(entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]]) -> str | None:
+    """The importance-file name whose vector belongs to ``entry``: its own output name, else,
+    for a row concat (axis 0 of rank-two inputs: every part has the same K columns), the
+    sources' names when all of them hold byte-identical vectors."""
+    if entry.output in vectors:
+        return entry.output
+    names = [s.name for s in entry.sources]
+    if all(n in vectors for n in names):
+        first = vectors[names[0]]
+        if all(np.array_equal(vectors[n], first) for n in names[1:]):
+            return names[0]
+        raise RecipeError(
+            f"tensor {entry.output}: its sources have different importance vectors "
+            f"({', '.join(names)}), so no single vector covers its columns",
+            rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
+            hint=f"add a vector named {entry.output!r} to the importance file",
+        )
+    return None
+
+
+def _check_transforms(entry: PlanEntry) -> None:
+    for t in entry.transforms:
+        rows = (
+            t.op == "concat" and all(len(s.shape) == 2 for s in entry.sources) and t.axis in (0, -2)
+        )
+        if not rows:
+            raise RecipeError(
+                f"tensor {entry.output}: rule {entry.rule.index + 1} applies a {t.op} "
+                "transform, which moves or regroups the input columns an importance vector "
+                "is indexed by",
+                rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
+                hint="MSE_F16_SEARCH_IW_V1 takes tensors without transforms, or a row concat "
+                "(axis 0) of rank-two inputs; use MSE_F16_SEARCH_V1 for this rule",
+            )
+
+
+def attach_importance(
+    plan: Plan, vectors: Mapping[str, npt.NDArray[np.uint32]] | None, where: str
+) -> Plan:
+    """The plan with each MSE_F16_SEARCH_IW_V1 entry's importance vector attached (checked:
+    present, length K, finite and >= +0, no column-moving transform).  ``where`` names the
+    importance file (or the artifact) in messages.  Vectors of other tensors are ignored."""
+    from .encoder.mse_search import check_weights
+
+    todo = [e for e in plan.entries if needs_importance(e)]
+    if not todo:
+        return plan
+    if vectors is None:
+        raise UsageError(
+            f"{len(todo)} tensors use an importance-weighted encoder profile (first: "
+            f"{todo[0].output}) but no importance file was given",
+            hint="pass --importance FILE (write one with: ninfer calibrate SOURCE -o FILE)",
+        )
+    out: list[PlanEntry] = []
+    for e in plan.entries:
+        if not needs_importance(e):
+            out.append(e)
+            continue
+        _check_transforms(e)
+        name = _vector_for(e, vectors)
+        if name is None:
+            raise RecipeError(
+                f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
+                f"the importance file has no vector named {e.output!r}",
+                path=where,
+                rule=f"rule {e.rule.index + 1} (line {e.rule.line})",
+                hint="calibrate the same model (ninfer calibrate) or give this tensor another "
+                "profile",
+            )
+        words = check_weights(vectors[name], e.shape[-1], e.output)
+        out.append(dataclasses.replace(e, importance=words))
+    return dataclasses.replace(plan, entries=tuple(out))
+
+
+def stored_vectors(plan: Plan) -> dict[str, npt.NDArray[np.uint32]]:
+    """The vectors an artifact stores: one per weighted entry, under the entry's name."""
+    return {e.output: e.importance for e in plan.entries if e.importance is not None}
+
+
+def vectors_from_artifact(
+    data: bytes | None, where: str
+) -> Mapping[str, npt.NDArray[np.uint32]] | None:
+    """Parse the artifact's importance side file (already digest-checked by the caller)."""
+    if data is None:
+        return None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ninfer-importance-") as tmp:
+        p = Path(tmp) / IMPORTANCE_FILE
+        p.write_bytes(data)
+        try:
+            return load_importance(p).vectors
+        except (UsageError, SourceError) as exc:
+            raise ArtifactError(
+                f"the importance side file is invalid: {exc.message}", path=where
+            ) from None
+
+
+def importance_bytes(
+    vectors: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None = None
+) -> bytes:
+    """A safetensors file of the vectors: names sorted, data in that order, the JSON header
+    compact with sorted keys and padded with spaces to a multiple of 8 bytes."""
+    header: dict[str, object] = {}
+    offset = 0
+    names = sorted(vectors)
+    for name in names:
+        n = int(np.asarray(vectors[name]).size)
+        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [offset, offset + 4 * n]}
+        offset += 4 * n
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    body = b"".join(
+        np.ascontiguousarray(vectors[name], dtype="<u4").reshape(-1).tobytes() for name in names
+    )
+    return struct.pack("<Q", len(text)) + text + body
+
+
+def write_importance_file(
+    path: str | os.PathLike[str],
+    vectors: Mapping[str, npt.NDArray[np.uint32]],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write a new importance file; an existing path is refused (never overwritten), and an
+    interrupted write leaves only ``<name>.partial``, never a file that looks finished."""
+    p = Path(path)
+    _check_suffix(p)
+    if p.exists() or p.is_symlink():
+        raise UsageError(
+            "the output file exists; calibrate never overwrites a file",
+            path=str(p),
+            hint="choose a new --output name or remove the old file yourself",
+        )
+    tmp = p.with_name(p.name + ".partial")
+    data = importance_bytes(vectors, metadata)
+    with open(tmp, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, p)  # fails instead of replacing a file that appeared meanwhile
+    finally:
+        os.unlink(tmp)
+
+
+def _check_suffix(p: Path) -> None:
+    if p.suffix != ".safetensors":
+        raise UsageError(
+            "an importance file is a safetensors file and its name must end in .safetensors",
+            path=str(p),
+        )
+
+
+def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
+    """Read every vector of an importance file (F32, rank one, non-empty)."""
+    _check_suffix(Path(path))
+    src = open_source(Path(path))
+    out: dict[str, npt.NDArray[np.uint32]] = {}
+    for name, info in src.tensors.items():
+        if info.dtype != "F32" or len(info.shape) != 1 or info.shape[0] < 1:
+            raise UsageError(
+                f"importance vector {name!r} is {info.dtype} with shape {list(info.shape)}; "
+                "every entry must be a non-empty one-dimensional F32 vector",
+                path=str(path),
+                hint="write the file with ninfer calibrate",
+            )
+        words = np.array(src.read(name).words, dtype=np.uint32, copy=True)
+        words.flags.writeable = False
+        out[name] = words
+    return ImportanceSet(str(path), MappingProxyType(out))
