@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import __version__
+from ._version import __version__
 from .card import README_NAME, SOURCE_README_NAME, add_text_file, render_readme, side_file_names
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import (

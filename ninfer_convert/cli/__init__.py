@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..container.publish import Interrupted, resource_error
 from ..errors import NinferError, UsageError
 
