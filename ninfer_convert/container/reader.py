@@ -456,7 +456,9 @@ class _Container:
                     )
                 seen.append(f.name)
         except SchemaError as exc:
-            raise ArtifactError(f"invalid header: {exc.where}: {exc.message}", path=where) from None
+            raise exc.as_error(
+                ArtifactError, "invalid header", kind="header_invalid", path=where
+            ) from None
         self.header = header
 
     def buffer(self, offset: int, nbytes: int) -> memoryview:
@@ -603,7 +605,9 @@ def _open_index(
     try:
         index = IndexFile.from_json(value)
     except SchemaError as exc:
-        raise ArtifactError(f"invalid index: {exc.where}: {exc.message}", path=where) from None
+        raise exc.as_error(
+            ArtifactError, "invalid index", kind="header_invalid", path=where
+        ) from None
     if canonical_json(index.to_json()) != raw:
         raise ArtifactError(
             "index is not in canonical JSON form (sorted keys, no whitespace, UTF-8)",
@@ -1090,7 +1094,10 @@ class Artifact:
             layout = LAYOUTS[info.layout]
             with self._planes(info) as views:
                 messages = layout.padding_problems(info.format, info.shape, views)
-            problems += [ArtifactError(m, path=str(info.file), tensor=info.name) for m in messages]
+            problems += [
+                ArtifactError(m, kind="nonzero_padding", path=str(info.file), tensor=info.name)
+                for m in messages
+            ]
         return problems
 
     # -- lifetime ----------------------------------------------------------------------------

@@ -138,8 +138,8 @@ _WRITEBACK_BATCH = 8 << 20
 INDEX_VERSION = 1
 
 
-def _usage(exc: SchemaError, what: str) -> UsageError:
-    return UsageError(f"{what}: {exc.where}: {exc.message}")
+def _usage(exc: SchemaError, what: str) -> NinferError:
+    return exc.as_error(UsageError, what)
 
 
 def check_writer_alignment(alignment: object) -> None:
@@ -238,10 +238,9 @@ def _naming(tensor: str) -> Iterator[None]:
     try:
         yield
     except NinferError as exc:
-        if exc.tensor is None:
-            exc.tensor = tensor
-            exc.args = (exc.render(),)
-        raise
+        if exc.tensor is not None:
+            raise
+        raise exc.with_context(tensor=tensor) from exc
 
 
 @dataclass(frozen=True)
@@ -789,7 +788,7 @@ class ArtifactWriter:
             prov = Provenance.from_json(provenance, "provenance")
             check_provenance(prov, fmt_name, "provenance")
         except SchemaError as exc:
-            raise UsageError(f"{exc.where}: {exc.message}", tensor=name) from None
+            raise UsageError(exc.message, tensor=name, where=exc.where) from None
         try:
             canonical_json([name, role, prov.to_json()])
         except UnicodeEncodeError as exc:

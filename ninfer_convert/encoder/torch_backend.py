@@ -213,6 +213,7 @@ def _raise_chunk_error(
         f"rows {row0 + r0}..{row0 + r1 - 1} were flagged as non-finite or overflowing on "
         f"{dev}, but re-encoding them found neither",
         tensor=tensor,
+        kind="encoder_disagreement",
         rule="spec Section 7",
         hint="the device gave different results for the same chunk; convert with --device cpu "
         "and report the GPU, driver and torch version",

@@ -154,7 +154,8 @@ def _check_finite(
             f"non-finite value ({kind}, {dtype} word 0x{word:0{words.dtype.itemsize * 2}x}) at "
             f"{_at(idx)} of shape {list(shape)}; {why}",
             tensor=entry.output,
-            rule=f"at line {entry.rule.line}",
+            kind="non_finite_value",
+            where=f"recipe rule at line {entry.rule.line}",
             hint=hint,
         )
 
@@ -274,7 +275,7 @@ def _convert(
                 f"finite value {_f32(word)!r} (F32 word 0x{word:08x}) at {_at(idx)} rounds to "
                 f"infinity in BF16; {conv} never turns a finite value into infinity",
                 tensor=entry.output,
-                rule=f"at line {entry.rule.line}",
+                where=f"recipe rule at line {entry.rule.line}",
                 hint="store this tensor as FP32, or fix the source",
             )
         return out

@@ -146,6 +146,7 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
         if not os.path.lexists(p / SINGLE_NAME) and not os.path.lexists(p / INDEX_NAME):
             raise UsageError(
                 f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
+                kind="not_an_artifact",
                 path=str(p),
             )
         return p
@@ -156,6 +157,7 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
         what = f"starts with {head.hex(' ')}" if head else "is empty"
         raise UsageError(
             f"not a .ninfer artifact (it {what}; a container starts with {MAGIC.hex(' ')})",
+            kind="not_an_artifact",
             path=str(p),
             hint="pass a model.ninfer file, a shard index or the artifact directory",
         )
@@ -172,6 +174,7 @@ def _read_magic(p: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(
                 "not a .ninfer artifact: not a regular file (a FIFO, device or socket)",
+                kind="not_an_artifact",
                 path=str(p),
                 hint="pass a model.ninfer file, a shard index or the artifact directory",
             )
@@ -483,6 +486,7 @@ def _mismatch(check: str, what: str, m: Mismatch, where: str) -> Finding:
         path=where,
         tensor=m.tensor,
         mismatch=m,
+        kind="word_mismatch",
     )
 
 
@@ -518,6 +522,7 @@ def _digest_findings(
                     SourceError(
                         f"source tensor {src.name!r} changed since conversion: recorded "
                         f"digest {was}, now {now}; the tensor was not compared",
+                        kind="source_mismatch",
                         path=str(ctx.source.path),
                         tensor=entry.output,
                         hint="verify against the recorded source, or convert again",
@@ -653,12 +658,18 @@ def _source_metadata_findings(
             continue
         if now is None:
             add(SourceError(f"the recorded source file {name!r} ({was} bytes) is missing",
-                            path=spec))  # fmt: skip
+                            kind="source_mismatch", path=spec))  # fmt: skip
         elif was is None:
             add(SourceError(f"source file {name!r} ({now} bytes) is not recorded in the artifact",
-                            path=spec))  # fmt: skip
+                            kind="source_mismatch", path=spec))  # fmt: skip
         else:
-            add(SourceError(f"source file {name!r} is {now} bytes, recorded as {was}", path=spec))
+            add(
+                SourceError(
+                    f"source file {name!r} is {now} bytes, recorded as {was}",
+                    kind="source_mismatch",
+                    path=spec,
+                )
+            )
 
     def same(a: object, b: object) -> bool:  # JSON equality: 1 and true, 1 and 1.0 differ
         try:
@@ -814,7 +825,11 @@ def _prepare_source(
             identity.append(
                 Finding.of(
                     "source-identity",
-                    SourceError(f"the recorded source tensor {name!r} is missing", path=spec),
+                    SourceError(
+                        f"the recorded source tensor {name!r} is missing",
+                        kind="source_mismatch",
+                        path=spec,
+                    ),
                 )
             )
         elif sinfo.dtype != rec.dtype or tuple(sinfo.shape) != tuple(rec.shape):
@@ -824,6 +839,7 @@ def _prepare_source(
                     SourceError(
                         f"source tensor {name!r} is {sinfo.dtype} {list(sinfo.shape)}, recorded "
                         f"as {rec.dtype} {list(rec.shape)}",
+                        kind="source_mismatch",
                         path=spec,
                     ),
                 )
