@@ -32,7 +32,7 @@ import click
 from .._version import __version__
 from ..container.publish import Interrupted, resource_error
 from ..errors import NinferError, UsageError
-from .render import JSON_FLAG
+from .render import JSON_FLAG, JSON_PRINTED
 
 __all__ = ["ERROR_SCHEMA_VERSION", "cli", "main"]
 
@@ -123,7 +123,7 @@ def _failed(exc: NinferError, state: dict[str, Any], *, shown: bool = False) -> 
     object on stdout."""
     if not shown:
         click.echo(f"error: {exc}", err=True)
-    if state.get(JSON_FLAG):
+    if state.get(JSON_FLAG) and not state.get(JSON_PRINTED):
         obj = {
             "schema_version": ERROR_SCHEMA_VERSION,
             "kind": "ninfer-error",

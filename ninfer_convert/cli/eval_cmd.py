@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..errors import QualityError
 from ..evaluate import EvalReport, evaluate_artifact, read_prompts, threshold_failures
-from .render import json_option, make_console
+from .render import json_option, json_printed, make_console
 
 __all__ = ["command", "render_report"]
 
@@ -150,6 +150,7 @@ def command(
     report = dataclasses.replace(report, thresholds=thresholds, failures=tuple(failures))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+        json_printed()  # a missed threshold below is in the report's failures
     else:
         render_report(report)
     if failures:
