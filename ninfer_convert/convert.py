@@ -64,6 +64,7 @@ from .container.publish import (
     check_free_space,
     check_writable,
 )
+from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import Reservation, planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
@@ -382,7 +383,7 @@ def planned_output_bytes(
     """The exact size of the model directory convert writes for ``plan`` (shards, index, side
     files, the generated card), plus an allowance for the signature when ``signed``."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
-    placeholder = {name: "xxh3-128:" + "0" * 32 for name in digested}
+    placeholder = {name: SOURCE_DIGEST_PREFIX + "0" * 32 for name in digested}
     side_files = _copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
     card = _card_text(plan, src, side_files)  # deterministic: the same text convert writes

@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
 from ..jsonlimits import nesting_problem
@@ -79,6 +78,7 @@ from .wire import (
     SINGLE_NAME,
     canonical_json,
     header_digest,
+    new_digest,
     parse_shard_name,
     shard_name,
 )
@@ -894,7 +894,7 @@ class Artifact:
         """A fresh plane digest (xxh3-128, docs/container.md): ``update`` it with the plane's
         bytes in order and pass ``hexdigest()`` to :meth:`plane_digest_problems`; for readers
         that stream the planes for another purpose and digest them on the way."""
-        return xxhash.xxh3_128()
+        return new_digest()
 
     def plane_digest_problems(self, name: str, computed: list[str]) -> list[IntegrityError]:
         """Compare computed plane digests (hex, in plane order) with the recorded ones."""
@@ -1001,7 +1001,7 @@ class Artifact:
 
     @staticmethod
     def _hash(c: _Container, offset: int, nbytes: int) -> str:
-        h = xxhash.xxh3_128()
+        h = new_digest()
         pos = offset
         while pos < offset + nbytes:
             step = min(_HASH_CHUNK, offset + nbytes - pos)
@@ -1062,7 +1062,7 @@ class Artifact:
                 ),
                 None,
             )
-        h = xxhash.xxh3_128()
+        h = new_digest()
         parts: list[bytes] = []
         pos = 0
         try:

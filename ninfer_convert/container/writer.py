@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import xxhash
 
 from ..errors import NinferError, ResourceError, SourceError, UsageError
 from ..formats import lookup_format
@@ -110,7 +109,9 @@ from .wire import (
     PRELUDE_SIZE,
     align_up,
     canonical_json,
+    digest_hex,
     header_digest,
+    new_digest,
     shard_name,
 )
 
@@ -312,7 +313,7 @@ class Reservation:
 
     Why a sink: storing into mapped pages of freshly allocated file blocks costs a fault and
     a zeroed page per page before the bytes are copied in; ``pwrite`` copies once, and was
-    several times faster (docs/performance.md, issue 12: "Convert regression")."""
+    several times faster (docs/performance.md, "Convert regression")."""
 
     name: str
     fmt_name: str
@@ -677,9 +678,7 @@ class ArtifactWriter:
                     "packed planes have non-canonical padding: " + "; ".join(problems[:4])
                 )
         entries = [
-            PlaneEntry(
-                spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(memoryview(plane.data))
-            )
+            PlaneEntry(spec.name, offset, spec.nbytes, digest_hex(memoryview(plane.data)))
             for spec, offset, plane in zip(specs, res.offsets, res.planes, strict=True)
         ]
         entry = TensorEntry(
@@ -847,9 +846,7 @@ class ArtifactWriter:
                 gap -= step
             data = memoryview(view.data)
             handle.write(data)
-            entries.append(
-                PlaneEntry(spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(data))
-            )
+            entries.append(PlaneEntry(spec.name, offset, spec.nbytes, digest_hex(data)))
             shard.cursor = offset + spec.nbytes
         _start_writeback(shard)
         entry = TensorEntry(
@@ -913,7 +910,7 @@ class ArtifactWriter:
         with open(fd, "rb", buffering=0) as fin:
             if len(parts) > 1:
                 (self.staging / dest_name).parent.mkdir(parents=True, exist_ok=True)
-            h = xxhash.xxh3_128()
+            h = new_digest()
             size = 0
             with open(self.staging / dest_name, "xb") as fout:
                 while size < st.st_size:

@@ -71,7 +71,7 @@ def _rne64(m: int, e: int) -> tuple[int, int]:
 def _dyadic32(word: int) -> tuple[int, int]:
     sign = -1 if word >> 31 else 1
     exp = (word >> 23) & 0xFF
-    frac = word & 0x7FFFFF
+    frac = word & BINARY32.frac_mask
     if exp == 0:
         return sign * frac, -149
     return sign * (frac | 0x800000), exp - 150
@@ -79,7 +79,7 @@ def _dyadic32(word: int) -> tuple[int, int]:
 
 def _dyadic16(word: int) -> tuple[int, int]:
     exp = (word >> 10) & 0x1F
-    frac = word & 0x3FF
+    frac = word & BINARY16.frac_mask
     if exp == 0:
         return frac, -24
     return frac | 0x400, exp - 25
@@ -98,7 +98,7 @@ def candidate_scales_reference(x_words: list[int], qmin: int, qmax: int) -> list
     :class:`~.oracle.OracleFailure` where the canonical profile refuses the group.
     """
     canonical, _ = encode_group_oracle(x_words, qmin, qmax)
-    amax = decode_binary(max(w & 0x7FFFFFFF for w in x_words), BINARY32)
+    amax = decode_binary(max(w & BINARY32.magnitude_mask for w in x_words), BINARY32)
     denominators = [Fraction(-qmin)] + [Fraction(qmax * c, 32) for c in CANDIDATE_RATIOS]
     out: list[int | None] = [canonical]
     for d in denominators:
@@ -136,7 +136,7 @@ def encode_group_mse_reference(x_words: list[int], qmin: int, qmax: int) -> tupl
     for i, w in enumerate(x_words):
         if (w >> 23) & 0xFF == 0xFF:
             raise OracleFailure(-1, -1, i, float("nan"))
-    if max(w & 0x7FFFFFFF for w in x_words) == 0:
+    if max(w & BINARY32.magnitude_mask for w in x_words) == 0:
         return 0x0000, [0] * len(x_words)
     best: tuple[Fraction, int, list[int]] | None = None
     for scale in candidate_scales_reference(x_words, qmin, qmax):

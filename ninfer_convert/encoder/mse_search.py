@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..formats import NumericFormat
+from ..ieee import BINARY16
+from ..layouts.base import ceil_div
 from ..logical import GroupedCodes
 from .common import to_f32
 from .mse_reference import CANDIDATE_RATIOS
@@ -119,7 +121,7 @@ def _encode_piece(
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = words.shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     m = n * n_groups
     # Candidate 0 and every refusal come from the canonical encoder.
     _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
@@ -140,7 +142,7 @@ def _encode_piece(
     better = np.empty(m, dtype=bool)
     for j in range(cands.shape[-1]):
         word = cands[:, j]
-        usable = live & (word < 0x7C00)
+        usable = live & (word < BINARY16.exp_mask)
         s = word.view(np.float16).astype(np.float64)
         s[~usable] = 1.0  # placeholder; these groups never take this candidate
         group_errors(xt, s, fmt, q, t, err)

@@ -1,4 +1,4 @@
-"""``verify``: prove an artifact is exactly what its recipe promised (issue 5, docs/cli.md).
+"""``verify``: prove an artifact is exactly what its recipe promised (docs/cli.md).
 
 Contract of :func:`verify_artifact`:
 
@@ -605,7 +605,7 @@ def _source_side_files(
 def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
     """xxh3-128 of a source side file of exactly ``size`` bytes (the recorded size), or None
     when it is not a regular file of that size; never blocks on a FIFO, never reads more."""
-    import xxhash
+    from ..container.wire import new_digest
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -615,7 +615,7 @@ def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None
-        h = xxhash.xxh3_128()
+        h = new_digest()
         pos = 0
         while pos < size:
             chunk = os.pread(fd, min(1 << 24, size - pos), pos)
@@ -946,17 +946,17 @@ def _artifact_level_findings(art: Artifact) -> list[Finding]:
 def _recipe_digest_findings(art: Artifact) -> list[Finding]:
     """``recipe.digest`` against the recorded recipe text: ``sha256:<hex>`` of its UTF-8
     bytes, the definition of :attr:`ninfer_convert.recipe.Recipe.digest`."""
-    import hashlib
+    from ..container.wire import RECIPE_DIGEST_ALGORITHM, recipe_digest
 
     recipe = art.meta.recipe
     algorithm, sep, recorded = recipe.digest.partition(":")
-    if not sep or algorithm != "sha256":
+    if not sep or algorithm != RECIPE_DIGEST_ALGORITHM:
         message = (
             f"recipe.digest {recipe.digest[:80]!r} is not 'sha256:<hex>', the only form verify "
             "can check, so the recorded recipe text is unprotected"
         )
     else:
-        actual = hashlib.sha256(recipe.text.encode("utf-8")).hexdigest()
+        actual = recipe_digest(recipe.text).partition(":")[2]
         if actual == recorded:
             return []
         message = (

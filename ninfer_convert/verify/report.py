@@ -48,7 +48,7 @@ CHECK_ORDER: tuple[str, ...] = (
     "source-words",
     "oracle-sample",
 )
-"""The checks in the order they are reported (issue 5, steps 1-5)."""
+"""The checks in the order they are reported (docs/cli.md "What it checks")."""
 
 CHECK_DESCRIPTIONS: dict[str, str] = {
     "structure": "header schema, registry identities, geometry, placement, shard identity "
