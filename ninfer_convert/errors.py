@@ -266,6 +266,7 @@ KINDS: dict[str, ErrorKind] = {
     "header_invalid": ErrorKind(ArtifactError, "the header or shard index breaks the schema"),
     "word_mismatch": ErrorKind(ArtifactError, "stored words differ from their re-derivation"),
     "nonzero_padding": ErrorKind(ArtifactError, "layout padding is not all zero bits"),
+    "nonzero_gap": ErrorKind(IntegrityError, "a container alignment gap holds non-zero bytes"),
     "no_space": ErrorKind(ResourceError, "no space left (ENOSPC or the free-space check)"),
     "quota_exceeded": ErrorKind(ResourceError, "disk quota exceeded (EDQUOT)"),
     "permission_denied": ErrorKind(ResourceError, "permission denied (EACCES, EPERM)"),

@@ -1030,6 +1030,7 @@ class Artifact:
             IntegrityError(
                 f"{count} non-zero byte(s) in the gap [{start}, {end}) before plane {plane!r}, "
                 f"first at byte {first}",
+                kind="nonzero_gap",
                 path=str(c.path),
                 tensor=tensor,
             )
