@@ -12,11 +12,9 @@ Stable public API (other tools call these names):
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # First: the console script's start-up signal handling (before the heavy imports below).
-from . import _startup  # noqa: F401, I001
-
+from . import _startup  # noqa: F401
+from ._version import __version__
 from .container import ArtifactWriter, open_artifact
 from .convert import convert_checkpoint, plan_conversion
 from .dequant import dequantize_grouped, dequantize_logical

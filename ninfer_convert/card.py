@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .container import ArtifactWriter
 from .errors import UsageError
 from .formats import lookup_format

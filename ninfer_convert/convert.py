@@ -64,7 +64,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from . import __version__
+from ._version import __version__
 from .card import (
     README_NAME,
     SOURCE_README_NAME,
@@ -81,6 +81,7 @@ from .container.publish import (
     check_writable,
 )
 from .container.schema import Provenance, paused_gc
+from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import Reservation, planned_size
 from .encoder import encode_grouped_words
 from .encoder.parity import cuda_parity_gate, spot_check_rows
@@ -449,7 +450,7 @@ def planned_output_bytes(
     ``prepared``: the card text and the entries' provenance when the caller already has them
     (convert builds each once: the card's cost notes walk every entry)."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
-    placeholder = {name: "xxh3-128:" + "0" * 32 for name in digested}
+    placeholder = {name: SOURCE_DIGEST_PREFIX + "0" * 32 for name in digested}
     side_files = _copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
     # The card is deterministic: the same text convert writes.

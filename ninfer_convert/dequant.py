@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from .errors import UsageError
 from .formats import Category, NumericFormat, lookup_format
+from .layouts.base import ceil_div
 from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 from .words import bf16_to_f32_words, e2m1_to_f32, e4m3fn_to_f32, f16_to_f32_words
 
@@ -42,7 +43,7 @@ def dequantize_grouped(
         raise UsageError(f"{fmt.name} is not a grouped signed-integer format")
     codes = np.asarray(codes)
     n, k = codes.shape
-    n_groups = -(-k // fmt.group_size)
+    n_groups = ceil_div(k, fmt.group_size)
     if np.asarray(scales).shape != (n, n_groups):
         raise UsageError(
             f"scales shape {list(np.shape(scales))} does not match codes {[n, k]} "

@@ -641,7 +641,7 @@ def evaluate_artifact(
         )  # fmt: skip
     except MemoryError:
         raise ResourceError(
-            "out of host memory while evaluating", path=str(artifact),
+            "out of host memory while evaluating", kind="out_of_memory", path=str(artifact),
             hint="use --dtype bfloat16, fewer or shorter prompts, or a machine with more memory",
         ) from None  # fmt: skip
     except RuntimeError as exc:
@@ -649,6 +649,7 @@ def evaluate_artifact(
             raise
         raise ResourceError(
             f"out of memory while evaluating ({str(exc).splitlines()[0]})", path=str(artifact),
+            kind="out_of_memory",
             hint="use --dtype bfloat16, --device cpu, or fewer or shorter prompts",
         ) from None  # fmt: skip
 

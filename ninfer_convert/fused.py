@@ -33,6 +33,7 @@ from .encoder.host import native_available as native_encoder_available
 from .encoder.numpy_backend import CHUNK_ELEMENTS
 from .formats import MAXABS_F16_RECIP_RNE_V1, NumericFormat
 from .layouts import PlaneSpec, lookup_layout
+from .layouts.base import ceil_div
 from .layouts.row_split import BlockResult, RowSplitK128, native_packer_available
 from .logical import GroupedCodes
 from .recipe.materialize import DerivedWords
@@ -269,7 +270,7 @@ def _run_blocks(
     if chunk_elements is None:
         native = kernel == "native" and native_encoder_available() and native_pack
         chunk_elements = BLOCK_ELEMENTS if native else CHUNK_ELEMENTS
-    n_groups = -(-k // fmt.group_size)
+    n_groups = ceil_div(k, fmt.group_size)
     rows = max(1, chunk_elements // k)
     differs = threading.Event()
     scratch = threading.local()  # per-thread packed rows of one block, reused (with a sink)

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
+from .container.wire import digest_hex
 from .errors import ArtifactError, RecipeError, SourceError, UsageError
 from .formats import lookup_profile
 from .source import open_source
@@ -64,7 +64,7 @@ class ImportanceSet:
 def vector_digest(words: npt.NDArray[np.uint32]) -> str:
     """xxh3-128 (32 lowercase hex digits, as plane digests) of the vector's little-endian
     binary32 bytes: the tensor's ``provenance.importance``."""
-    return xxhash.xxh3_128(np.ascontiguousarray(words, dtype="<u4").tobytes()).hexdigest()
+    return digest_hex(np.ascontiguousarray(words, dtype="<u4").tobytes())
 
 
 def needs_importance(entry: PlanEntry) -> bool:

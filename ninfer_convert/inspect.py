@@ -41,6 +41,7 @@ from .dequant import dequantize_logical
 from .errors import UsageError
 from .formats import FORMATS, Category, NumericFormat, lookup_format
 from .layouts import LAYOUTS
+from .layouts.base import ceil_div
 from .layouts.blockscale import BlockscaleK16M128x4, unswizzle_scales
 from .layouts.contiguous import ContiguousLE
 from .layouts.row_scale import RowScale
@@ -81,7 +82,7 @@ def logical_bits(fmt: NumericFormat, shape: tuple[int, ...]) -> int:
     n = _numel(shape)
     bits = n * fmt.code_bits
     if fmt.category is Category.GROUPED and fmt.group_size is not None and len(shape) == 2:
-        bits += shape[0] * -(-shape[1] // fmt.group_size) * 16
+        bits += shape[0] * ceil_div(shape[1], fmt.group_size) * 16
     elif fmt.category is Category.BLOCK_SCALED and len(shape) == 2:
         bits += shape[0] * (shape[1] // 16) * 8 + 32
     elif fmt.category is Category.ROW_SCALED and len(shape) == 2:
@@ -575,7 +576,7 @@ def tensor_details(art: Artifact, name: str) -> TensorDetails:
                      specs[p.name].word)
         for p in info.planes
     )  # fmt: skip
-    needed = -(-logical_bits(fmt, tuple(info.shape)) // 8)
+    needed = ceil_div(logical_bits(fmt, tuple(info.shape)), 8)
     return TensorDetails(
         row=_row(info),
         provenance=dict(info.provenance),

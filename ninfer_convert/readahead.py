@@ -8,11 +8,9 @@ errors are ignored: the real read reports any problem with its context.  Where
 ``posix_fadvise`` does not exist it does nothing.
 
 Why in pieces: Linux caps a single WILLNEED request at the larger of the device's
-``read_ahead_kb`` and ``max_sectors_kb`` (``force_page_cache_ra``), 8 MiB on the benchmark VM
-and 128 KiB by default, so one request for a whole 256 MiB tensor reads only its first few
-MiB.  Measured on the benchmark VM (1 GB file, cold cache, read one second after the advice):
-0.63 s without advice, 0.74 s after one whole-file request (no better), 0.17-0.21 s after
-requests in pieces (2 MiB or 128 KiB).
+``read_ahead_kb`` and ``max_sectors_kb`` (``force_page_cache_ra``), 128 KiB by default, so one
+request for a whole 256 MiB tensor reads only its first few MiB; requests in pieces read it
+all (measurements: docs/performance.md, "read-ahead that reads ahead").
 
 Why a thread: submitting blocks while the device queue is full, and that must not stall an
 encoding worker.

@@ -343,6 +343,7 @@ def _model_directory(artifact: str | os.PathLike[str]) -> Path:
     if not (p / SINGLE_NAME).exists() and not (p / INDEX_NAME).exists():
         raise UsageError(
             f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
+            kind="not_an_artifact",
             path=str(p),
         )
     # The library refuses a linked model directory; what it links to is the directory signed.
@@ -700,6 +701,7 @@ def verify_directory(
     if not sig.is_file():
         raise SignatureError(
             "no signature: the file does not exist" if not sig.exists() else "not a file",
+            kind="signature_missing",
             path=str(sig),
             hint="sign the directory with 'ninfer sign', or pass --signature PATH",
         )
@@ -715,6 +717,7 @@ def verify_directory(
         raise SignatureError(
             f"signed by a different key: the signature names key {bundle.key_hint}, "
             f"--public-key {public_key} is {expected_key}",
+            kind="signature_mismatch",
             path=str(sig),
             hint="use the public key of the signer, or treat the directory as untrusted",
         )
@@ -734,6 +737,7 @@ def verify_directory(
             raise _tampered(root, sig, bundle, str(exc)) from None
         raise SignatureError(
             f"the signature does not verify: {_describe(exc)}",
+            kind="signature_mismatch",
             path=str(sig),
             hint="the signature was altered, or was made by another signer",
         ) from None
@@ -771,6 +775,7 @@ def _tampered(root: Path, sig: Path, bundle: _Bundle, library_message: str) -> S
     detail = "; ".join(parts) if parts else library_message
     return SignatureError(
         f"the files differ from what was signed: {detail}",
+        kind="signed_files_differ",
         path=str(root),
         hint="the directory is not what was signed: restore it from a trusted copy, or "
         "convert and sign again",

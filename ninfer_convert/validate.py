@@ -21,6 +21,8 @@ import numpy.typing as npt
 
 from .errors import ValueInvariantError
 from .formats import Category, NumericFormat, lookup_format
+from .ieee import BFLOAT16, BINARY16
+from .layouts.base import ceil_div
 from .logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 from .words import e4m3fn_is_nan
 
@@ -62,7 +64,8 @@ def fp8_code_invalid(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
 
 def bf16_row_scale_invalid(scales: npt.NDArray[np.uint16]) -> npt.NDArray[np.bool_]:
     """Section 3.4: True where a BF16 row scale is not +0 or finite positive."""
-    return np.asarray(((scales & 0x8000) != 0) | ((scales & 0x7F80) == 0x7F80))
+    sign, exp = BFLOAT16.sign_mask, BFLOAT16.exp_mask
+    return np.asarray(((scales & sign) != 0) | ((scales & exp) == exp))
 
 
 def zero_row_nonzero(
@@ -117,7 +120,7 @@ def grouped_problems(
     all-zero codes under a +0 scale."""
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     n, k = codes.shape
-    n_groups = -(-k // fmt.group_size)
+    n_groups = ceil_div(k, fmt.group_size)
     out: list[ValueInvariantError] = []
     if scales.shape != (n, n_groups):
         return [
@@ -141,7 +144,8 @@ def grouped_problems(
         group=fmt.group_size,
     )
     # +0 (0x0000) or finite positive: sign bit clear and exponent field not all ones.
-    bad_scale = ((scales & 0x8000) != 0) | ((scales & 0x7C00) == 0x7C00)
+    sign, exp = BINARY16.sign_mask, BINARY16.exp_mask
+    bad_scale = ((scales & sign) != 0) | ((scales & exp) == exp)
     out += _report(
         bad_scale,
         tensor,

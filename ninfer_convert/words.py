@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import EncodeError
+from .ieee import BINARY16, BINARY32
 
 __all__ = [
     "E2M1_VALUES",
@@ -66,7 +67,8 @@ def f32_to_bf16_rne(
     only when ``keep_nonfinite``; otherwise any non-finite input is an :class:`EncodeError`.
     """
     w = np.asarray(words, dtype=np.uint32)
-    exp_all_ones = (w & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    exp_mask = np.uint32(BINARY32.exp_mask)
+    exp_all_ones = (w & exp_mask) == exp_mask
     if not keep_nonfinite and exp_all_ones.any():
         idx = first_index(exp_all_ones)
         raise EncodeError(
@@ -78,7 +80,7 @@ def f32_to_bf16_rne(
     lsb = (w >> np.uint32(16)) & np.uint32(1)
     rounded = ((w + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
     if exp_all_ones.any():
-        is_nan = exp_all_ones & ((w & np.uint32(0x007FFFFF)) != 0)
+        is_nan = exp_all_ones & ((w & np.uint32(BINARY32.frac_mask)) != 0)
         passthrough = (w >> np.uint32(16)).astype(np.uint16)
         rounded = np.where(exp_all_ones, passthrough, rounded)
         rounded = np.where(is_nan, rounded | np.uint16(0x0040), rounded)
@@ -96,16 +98,18 @@ def f16_to_f32_words(words: npt.NDArray[np.uint16]) -> U32:
     Subnormal (exponent 0): value = f * 2^-24; normalise by the position of f's top bit.
     """
     h = np.asarray(words, dtype=np.uint16).astype(np.uint32)
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
-    frac = h & np.uint32(0x03FF)
+    sign = (h & np.uint32(BINARY16.sign_mask)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(BINARY16.exp_max)
+    frac = h & np.uint32(BINARY16.frac_mask)
     normal = sign | ((exp + np.uint32(112)) << np.uint32(23)) | (frac << np.uint32(13))
-    special = sign | np.uint32(0x7F800000) | (frac << np.uint32(13))
+    special = sign | np.uint32(BINARY32.exp_mask) | (frac << np.uint32(13))
     # Subnormal f in [1, 1023]: with p = floor(log2 f), value = 2^(p-24) * (f / 2^p); the
     # binary32 exponent field is p - 24 + 127 and the fraction is (f - 2^p) << (23 - p).
     f_safe = np.maximum(frac, np.uint32(1))
     p = (np.floor(np.log2(f_safe.astype(np.float64)))).astype(np.uint32)
-    sub_frac = ((f_safe - (np.uint32(1) << p)) << (np.uint32(23) - p)) & np.uint32(0x7FFFFF)
+    sub_frac = ((f_safe - (np.uint32(1) << p)) << (np.uint32(23) - p)) & np.uint32(
+        BINARY32.frac_mask
+    )
     subnormal = sign | ((p + np.uint32(103)) << np.uint32(23)) | sub_frac
     out = np.where(exp == 0, np.where(frac == 0, sign, subnormal), normal)
     out = np.where(exp == 0x1F, special, out)

@@ -121,7 +121,8 @@ def test_docs_list_every_exit_code_of_the_error_classes() -> None:
     for name in errors.__all__:
         cls = getattr(errors, name)
         assert f"`{name}`" in text, name
-        assert re.search(rf"\| {cls.exit_code} \|", text), name
+        if isinstance(cls, type) and issubclass(cls, errors.NinferError):
+            assert re.search(rf"\| {cls.exit_code} \|", text), name
     assert "## `ninfer convert`" in text
 
 

@@ -624,7 +624,7 @@ def test_metadata_validation(tmp_path: Path) -> None:
         ArtifactWriter(tmp_path / "a", metadata={"producer": META["producer"]})
     bad = json.loads(json.dumps(META))
     bad["source"]["files"][0]["size"] = True
-    with pytest.raises(UsageError, match=r"source.files\[0\].size: expected an integer"):
+    with pytest.raises(UsageError, match=r"files\[0\].size: artifact metadata: expected an int"):
         ArtifactWriter(tmp_path / "a", metadata=bad)
     bad = json.loads(json.dumps(META))
     bad["source"]["config"] = {"x": float("nan")}

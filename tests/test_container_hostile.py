@@ -127,12 +127,15 @@ def test_integrity_problems_name_the_region(tmp_path: Path, small_file: bytes) -
     data[planes[0][1]["offset"] - 1] = 0x5A  # gap byte before the first plane
     data[40] ^= 0x01  # header digest byte
     path.write_bytes(data)
-    with pytest.raises(IntegrityError, match="header digest mismatch"):
+    with pytest.raises(IntegrityError) as info:
         open_artifact(path)
+    assert info.value.kind == "digest_mismatch"
     with open_artifact(path, check_header_digest=False) as art:
         problems = art.integrity_problems()
     messages = [str(p) for p in problems]
     assert all(isinstance(p, IntegrityError) for p in problems)
+    kinds = [p.kind for p in problems]
+    assert kinds == ["digest_mismatch", "nonzero_gap", "digest_mismatch"]
     assert len(messages) == 3, messages
     assert "header digest mismatch" in messages[0]
     assert "non-zero byte(s) in the gap [48, 64)" in messages[1]
@@ -157,6 +160,7 @@ def test_padding_change_is_reported_by_both_checks(tmp_path: Path) -> None:
     with open_artifact(out) as art:
         assert len(art.integrity_problems()) == 1
         (problem,) = art.padding_problems()
+        assert problem.kind == "nonzero_padding"
         assert str(problem).endswith(
             "tensor 'q': plane 'codes' row 0 byte 63: padding bits are 0x10, expected zero"
         )
@@ -390,8 +394,8 @@ def test_header_semantics(
     rewrite_header(path, edit)
     with pytest.raises(ArtifactError, match=message) as info:
         open_artifact(path)
-    assert type(info.value) is ArtifactError
-    assert str(path) in str(info.value)
+    assert type(info.value) is ArtifactError and info.value.kind == "header_invalid"
+    assert info.value.path == str(path) and info.value.where is not None
 
 
 def test_non_canonical_plane_offset(tmp_path: Path, small_file: bytes) -> None:

@@ -120,6 +120,8 @@ def test_non_finite_and_overflowing_groups_are_refused_with_row_and_group(
             encode_grouped_words(words, "F32", fmt, backend=backend, tensor="w")
         msg = str(info.value)
         assert f"row {row}" in msg and f"group {group}" in msg and "'w'" in msg, (name, msg)
+        expected = "scale_overflow" if name == "scale-overflow" else "non_finite_value"
+        assert info.value.kind == expected and info.value.rule == "spec Section 7", name
 
 
 @pytest.mark.parametrize("fmt", GROUPED)

@@ -522,7 +522,7 @@ def test_second_writer_to_the_same_output_is_refused_naming_the_pid(tmp_path: Pa
     first = ArtifactWriter(out, metadata=META, alignment=64)
     with pytest.raises(ResourceError, match=f"pid {os.getpid()}") as info:
         ArtifactWriter(out, metadata=META, alignment=64)
-    assert info.value.exit_code == 7
+    assert info.value.exit_code == 7 and info.value.kind == "output_locked"
     first.add("x", "I32", DirectWords(np.arange(3, dtype=np.int32)), role="r",
               provenance=provenance("I32"))  # fmt: skip
     first.commit()
@@ -649,13 +649,14 @@ def test_full_disk_while_copying_a_side_file_is_a_resource_error(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     writer = ArtifactWriter(out, metadata=META, alignment=64, expected_bytes=10)
-    with pytest.raises(ResourceError, match=r"no space left.*needs 10 bytes") as info, writer:
+    with pytest.raises(ResourceError) as info, writer:
         writer.add("x", "I32", DirectWords(np.arange(3, dtype=np.int32)), role="r",
                    provenance=provenance("I32"))  # fmt: skip
         monkeypatch.setattr(os, "fsync", full)
         writer.add_file(tmp_path / "cfg", "config.json")
     monkeypatch.undo()
-    assert info.value.exit_code == 7 and str(out) in str(info.value)
+    assert info.value.exit_code == 7 and info.value.kind == "no_space"
+    assert "needs 10 bytes" in str(info.value) and str(out) in str(info.value)
     assert os.listdir(out.parent) == []
 
 

@@ -56,8 +56,8 @@ for path in sys.argv[1:]:
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
             code = main(cmd[:1] + [path] + cmd[1:])
         case[cmd[0]] = code
-        if cmd[0] == "verify" and buf.getvalue().startswith("{"):
-            rep = json.loads(buf.getvalue())
+        rep = json.loads(buf.getvalue()) if buf.getvalue().startswith("{") else {}
+        if cmd[0] == "verify" and rep.get("kind") == "ninfer-verify-report":
             case["verify_findings"] = [f["message"] for f in rep["checks"][0]["findings"]] + [
                 f["message"] for f in rep["checks"][1]["findings"]]
     out.append(case)

@@ -170,10 +170,11 @@ def test_tampered_directory_fails_naming_the_file(
 ) -> None:
     art = _copy(signed, tmp_path)
     edit(art)
-    code, out, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q")
+    code, out, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q", "--json")
     assert code == SIG_EXIT, err
     assert expected in err
-    assert out == ""  # the signature is checked before anything else
+    # The signature is checked before anything else: the error object is all there is.
+    assert json.loads(out)["error"]["kind"] == "signed_files_differ"
 
 
 def test_tampering_with_recomputed_digests_passes_digests_but_not_the_signature(
@@ -200,8 +201,10 @@ def test_signature_from_another_key_fails(
 ) -> None:
     art = _copy(signed, tmp_path)
     assert main(["sign", str(art), "--key", str(keys["b"][0]), "--force"]) == 0
-    code, _, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q")
+    capsys.readouterr()
+    code, out, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q", "--json")
     assert code == SIG_EXIT
+    assert json.loads(out)["error"]["kind"] == "signature_mismatch"
     assert "signed by a different key" in err and SIGNATURE_NAME in err
 
 
@@ -221,9 +224,9 @@ def test_rewritten_manifest_without_the_key_fails(
             r["digest"] = hashlib.sha256(b"{}").hexdigest()
     bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     (art / SIGNATURE_NAME).write_text(json.dumps(bundle))
-    code, _, err = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q")
+    code, out, _ = ninfer(capsys, "verify", art, "--public-key", keys["a"][1], "-q", "--json")
     assert code == SIG_EXIT
-    assert "does not verify" in err
+    assert json.loads(out)["error"]["kind"] == "signature_mismatch"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +297,8 @@ def test_a_signature_file_that_is_not_one_fails(
 def test_missing_signature_fails_when_a_key_is_given(
     capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys
 ) -> None:
-    code, _, err = ninfer(capsys, "verify", built["single"], "--public-key", keys["a"][1])
-    assert code == SIG_EXIT and "no signature" in err
+    code, out, _ = ninfer(capsys, "verify", built["single"], "--public-key", keys["a"][1], "--json")
+    assert code == SIG_EXIT and json.loads(out)["error"]["kind"] == "signature_missing"
 
 
 def test_a_single_file_is_not_a_model_directory(

@@ -153,6 +153,7 @@ def test_forged_source_file_sizes_and_names(made: tuple[Path, Path, Path]) -> No
     report = run(out)
     assert report.exit_code == 4
     messages = [m for _, m in findings(report, "source-identity")]
+    assert {f.kind for f in report.check("source-identity").findings} == {"source_mismatch"}
     assert any("'model.safetensors' is" in m and "recorded as" in m for m in messages)
     assert any("'model-extra.safetensors' (9 bytes) is missing" in m for m in messages)
 

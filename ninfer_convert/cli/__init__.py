@@ -4,6 +4,8 @@ Contract: each command parses options, calls one library function and renders it
 rich (or as JSON with ``--json``).  Every :class:`~ninfer_convert.errors.NinferError` becomes a
 one-paragraph message on stderr and the exit code of its class (docs/cli.md); a traceback is
 shown only with ``--debug``.  Click's own usage errors exit with 2, like :class:`UsageError`.
+After a command's ``--json`` flag, a failure also prints its error object (``kind``
+``ninfer-error``, :meth:`~ninfer_convert.errors.NinferError.to_json`) on stdout.
 An ``OSError`` of the machine (no space, quota, permission, read-only) that reaches here is a
 :class:`ResourceError` (exit 7), never a traceback.
 
@@ -16,6 +18,7 @@ after one line saying what was (not) written.
 from __future__ import annotations
 
 import errno
+import json
 import signal
 import sys
 import traceback
@@ -26,11 +29,15 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..container.publish import Interrupted, resource_error
 from ..errors import NinferError, UsageError
+from .render import JSON_FLAG, JSON_PRINTED
 
-__all__ = ["cli", "main"]
+__all__ = ["ERROR_SCHEMA_VERSION", "cli", "main"]
+
+ERROR_SCHEMA_VERSION = 1
+"""Version of the ``--json`` error object (docs/cli.md "Error objects"); fields are only added."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,9 +128,25 @@ def _interrupted(exc: Interrupted) -> int:
     return 128 + exc.signum
 
 
+def _failed(exc: NinferError, state: dict[str, Any], *, shown: bool = False) -> int:
+    """One failure: its line on stderr (unless ``shown``) and, after ``--json``, its error
+    object on stdout."""
+    if not shown:
+        click.echo(f"error: {exc}", err=True)
+    if state.get(JSON_FLAG) and not state.get(JSON_PRINTED):
+        obj = {
+            "schema_version": ERROR_SCHEMA_VERSION,
+            "kind": "ninfer-error",
+            "error": exc.to_json(),
+        }
+        click.echo(json.dumps(obj, indent=2, allow_nan=False))
+    return exc.exit_code
+
+
 def _run(args: list[str], debug: bool) -> int:
+    state: dict[str, Any] = {}
     try:
-        result = cli.main(args=args, prog_name="ninfer", standalone_mode=False)
+        result = cli.main(args=args, prog_name="ninfer", standalone_mode=False, obj=state)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.exceptions.Abort:
@@ -131,12 +154,14 @@ def _run(args: list[str], debug: bool) -> int:
         return 130
     except click.ClickException as exc:
         exc.show()
-        return UsageError.exit_code
+        # The command line did not parse, so the flag may not have been seen: ask the words.
+        if "--json" in args:
+            state[JSON_FLAG] = True
+        return _failed(UsageError(exc.format_message()), state, shown=True)
     except NinferError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
-        return exc.exit_code
+        return _failed(exc, state)
     except Interrupted as exc:
         return _interrupted(exc)
     except KeyboardInterrupt:
@@ -147,9 +172,7 @@ def _run(args: list[str], debug: bool) -> int:
             raise
         if debug:
             traceback.print_exc()
-        err = resource_error(exc, exc.filename or "?", doing="file system")
-        click.echo(f"error: {err}", err=True)
-        return err.exit_code
+        return _failed(resource_error(exc, exc.filename or "?", doing="file system"), state)
     return int(result) if isinstance(result, int) else 0
 
 

@@ -43,7 +43,7 @@ from ..recipe import Plan, padding_warnings, resolve_recipe
 from ..recipe.cost import WARNINGS_SHOWN
 from ..signing import Signer, key_signer
 from ..source import SourceCheckpoint, open_source
-from .render import human_bytes, make_console
+from .render import human_bytes, json_option, make_console
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
@@ -217,7 +217,7 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--ignore-identity", is_flag=True,
               help="Convert even if config.json does not match the recipe's identity.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@json_option("Print a machine-readable summary.")
 @click.option("--sign-key", default=None, metavar="PRIVATE_KEY.pem",
               help="Sign the artifact with this EC private key before publishing it (needs "
               "the [sign] extra).")  # fmt: skip

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..errors import QualityError
 from ..evaluate import EvalReport, evaluate_artifact, read_prompts, threshold_failures
-from .render import make_console
+from .render import json_option, json_printed, make_console
 
 __all__ = ["command", "render_report"]
 
@@ -105,7 +105,7 @@ def render_report(report: EvalReport, *, max_sqnr: int = 15) -> None:
               help="Fail (exit 9) when the mean KL is above this (causal LMs).")  # fmt: skip
 @click.option("--min-cosine", type=click.FloatRange(-1, 1), default=None,
               help="Fail (exit 9) when the minimum cosine is below this (encoders).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_option("Print the report as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def command(
     artifact: str,
@@ -150,6 +150,7 @@ def command(
     report = dataclasses.replace(report, thresholds=thresholds, failures=tuple(failures))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+        json_printed()  # a missed threshold below is in the report's failures
     else:
         render_report(report)
     if failures:

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from ..formats import ENCODER_PROFILES, FORMATS
-from .render import make_console
+from .render import json_option, make_console
 
 
 def registry_json() -> dict[str, object]:
@@ -38,7 +38,7 @@ def registry_json() -> dict[str, object]:
 
 
 @click.command("formats")
-@click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
+@json_option("Print the registry as JSON.")
 def command(as_json: bool) -> None:
     """List the nine registered numeric formats, their layouts and encoder profiles."""
     data = registry_json()

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ..inspect import InspectReport, TensorDetails, inspect_artifact
 from ..signing import SignatureStatus, signature_status
-from .render import human_bytes, make_console
+from .render import human_bytes, json_option, make_console
 
 __all__ = ["command", "render_details", "render_summary"]
 
@@ -134,7 +134,7 @@ def render_details(d: TensorDetails) -> None:
 
 @click.command("inspect")
 @click.argument("artifact", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print the stable JSON schema on stdout.")
+@json_option("Print the stable JSON schema on stdout.")
 @click.option("--tensor", "tensor", default=None, metavar="NAME",
               help="Also show this tensor's provenance, layout and value statistics "
               "(reads its values).")  # fmt: skip

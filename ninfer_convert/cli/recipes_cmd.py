@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from ..recipe import ShippedRecipe, shipped_recipe_dir, shipped_recipes
-from .render import make_console
+from .render import json_option, make_console
 
 
 def _identity(s: ShippedRecipe) -> str:
@@ -28,7 +28,7 @@ def _identity(s: ShippedRecipe) -> str:
 
 
 @click.command("recipes")
-@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@json_option("Print the list as JSON.")
 def command(as_json: bool) -> None:
     """List the shipped recipes: the names `ninfer convert --recipe` accepts, the source
     identity each is picked by when --recipe is left out, and the formats it stores."""

@@ -3,10 +3,50 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import click
 from rich.console import Console
 
-__all__ = ["human_bytes", "make_console"]
+__all__ = [
+    "JSON_FLAG",
+    "JSON_PRINTED",
+    "human_bytes",
+    "json_option",
+    "json_printed",
+    "make_console",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+JSON_FLAG = "ninfer.json"
+"""Key of the root context's ``obj`` that is true once a command's ``--json`` was given: a
+failure is then also printed as a JSON error object on stdout (docs/cli.md "Error objects")."""
+
+
+JSON_PRINTED = "ninfer.json-printed"
+"""Key of the root context's ``obj`` that is true once the command printed its JSON result: a
+failure after that (``eval``'s missed thresholds) prints no second object on stdout."""
+
+
+def json_printed() -> None:
+    """Record that the running command printed its JSON result on stdout."""
+    state = click.get_current_context().find_root().obj
+    if isinstance(state, dict):
+        state[JSON_PRINTED] = True
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    state = ctx.find_root().obj
+    if value and isinstance(state, dict):
+        state[JSON_FLAG] = True
+    return value
+
+
+def json_option(help_text: str) -> Callable[[_F], _F]:
+    """The ``--json`` flag of every command (the parameter ``as_json``)."""
+    return click.option("--json", "as_json", is_flag=True, help=help_text, callback=_remember_json)
 
 
 def make_console(*, stderr: bool = False) -> Console:

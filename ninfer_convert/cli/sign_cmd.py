@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from ..errors import UsageError
 from ..signing import SIGNATURE_NAME, key_signer, sign_directory, sigstore_signer
-from .render import make_console
+from .render import json_option, make_console
 
 __all__ = ["command"]
 
@@ -44,7 +44,7 @@ __all__ = ["command"]
 @click.option("--sigstore-staging", is_flag=True,
               help="Use Sigstore's staging instance (testing only).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Replace an existing signature.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@json_option("Print the result as JSON on stdout.")
 def command(
     artifact: str,
     key: str | None,

@@ -36,7 +36,7 @@ from ..verify import (
     VerifyReport,
     verify_artifact,
 )
-from .render import human_bytes, make_console
+from .render import human_bytes, json_option, make_console
 
 __all__ = ["command", "render_report"]
 
@@ -203,7 +203,7 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
               help="Groups per grouped tensor re-encoded with the bit-level oracle.")  # fmt: skip
 @click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True,
               help="Seed of the oracle group sample.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_option("Print the report as JSON on stdout.")
 @click.option("--max-findings", type=click.IntRange(min=0), default=20, show_default=True,
               help="Findings listed in the table (--json lists all).")  # fmt: skip
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")

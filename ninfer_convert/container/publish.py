@@ -185,6 +185,13 @@ _RESOURCE_WORDS = {
     errno.EPERM: "operation not permitted",
     errno.EROFS: "read-only file system",
 }
+_RESOURCE_KINDS = {
+    errno.ENOSPC: "no_space",
+    errno.EDQUOT: "quota_exceeded",
+    errno.EACCES: "permission_denied",
+    errno.EPERM: "permission_denied",
+    errno.EROFS: "read_only",
+}
 
 
 def resource_error(
@@ -202,7 +209,8 @@ def resource_error(
         hint = "free some space or choose --output on another file system"
     elif exc.errno == errno.EROFS:
         hint = "choose --output on a writable file system"
-    return ResourceError(text, path=str(where), hint=hint)
+    kind = _RESOURCE_KINDS.get(exc.errno or -1, ResourceError.default_kind)
+    return ResourceError(text, kind=kind, path=str(where), hint=hint)
 
 
 def check_free_space(target: Path, needed: int) -> int | None:
@@ -213,6 +221,7 @@ def check_free_space(target: Path, needed: int) -> int | None:
     if free is not None and free < needed:
         raise ResourceError(
             f"not enough space: the artifact needs {needed} bytes, {free} bytes free",
+            kind="no_space",
             path=str(base),
             hint="free some space or choose --output on another file system",
         )
@@ -229,6 +238,7 @@ def check_writable(target: Path) -> None:
         why = "read-only file system" if _is_read_only(base) else "permission denied"
         raise ResourceError(
             f"cannot create the output here: {why}",
+            kind="read_only" if why.startswith("read-only") else "permission_denied",
             path=str(base),
             hint="choose --output in a directory you can write",
         )
@@ -376,6 +386,7 @@ class OutputLock:
                 os.close(fd)
                 raise ResourceError(
                     f"output {self.out} is being written by another ninfer convert ({holder})",
+                    kind="output_locked",
                     path=str(self.path),
                     hint="wait for that run to finish or stop it; the lock ends with it",
                 ) from None
@@ -400,7 +411,7 @@ class OutputLock:
             self._fd = fd
             return
         raise ResourceError(  # pragma: no cover - 20 lost races in a row
-            f"could not lock output {self.out}", path=str(self.path)
+            f"could not lock output {self.out}", kind="output_locked", path=str(self.path)
         )
 
     @staticmethod
@@ -537,6 +548,7 @@ def _artifact_files(
         raise UsageError(
             f"the output is not a .ninfer model directory (no {SINGLE_NAME} or {INDEX_NAME}); "
             f"it holds {_listing(names)}; {refuse}",
+            kind="output_exists",
             path=str(out),
             hint="choose another --output, or move these files away yourself",
         )
@@ -591,6 +603,7 @@ def check_destination(
     if not force:
         raise UsageError(
             "the output directory already exists and is not empty",
+            kind="output_exists",
             path=str(out),
             hint="pass --force to replace it (only a .ninfer model directory is replaced)",
         )

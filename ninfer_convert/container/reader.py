@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from ..errors import ArtifactError, IntegrityError, NinferError, UsageError
 from ..jsonlimits import compact_members, scan
@@ -81,6 +80,7 @@ from .wire import (
     SINGLE_NAME,
     canonical_json,
     header_digest,
+    new_digest,
     parse_shard_name,
     shard_name,
 )
@@ -272,7 +272,9 @@ def _typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) -> _S:
     except SchemaError as exc:
         _checked_shape(text, what, path, depth)
         _refuse_repeated_keys(text, what, path)
-        raise ArtifactError(f"invalid {what}: {exc.where}: {exc.message}", path=str(path)) from None
+        raise exc.as_error(
+            ArtifactError, f"invalid {what}", kind="header_invalid", path=str(path)
+        ) from None
     del value  # the parsed JSON is freed here, while the collector is paused
     if typed.json_pairs() != members:
         _refuse_repeated_keys(text, what, path)
@@ -537,7 +539,9 @@ class _Container:
                     )
                 seen.append(f.name)
         except SchemaError as exc:
-            raise ArtifactError(f"invalid header: {exc.where}: {exc.message}", path=where) from None
+            raise exc.as_error(
+                ArtifactError, "invalid header", kind="header_invalid", path=where
+            ) from None
         self.header = header
 
     def buffer(self, offset: int, nbytes: int) -> memoryview:
@@ -960,7 +964,7 @@ class Artifact:
         """A fresh plane digest (xxh3-128, docs/container.md): ``update`` it with the plane's
         bytes in order and pass ``hexdigest()`` to :meth:`plane_digest_problems`; for readers
         that stream the planes for another purpose and digest them on the way."""
-        return xxhash.xxh3_128()
+        return new_digest()
 
     def plane_digest_problems(self, name: str, computed: list[str]) -> list[IntegrityError]:
         """Compare computed plane digests (hex, in plane order) with the recorded ones."""
@@ -1067,7 +1071,7 @@ class Artifact:
 
     @staticmethod
     def _hash(c: _Container, offset: int, nbytes: int) -> str:
-        h = xxhash.xxh3_128()
+        h = new_digest()
         pos = offset
         while pos < offset + nbytes:
             step = min(_HASH_CHUNK, offset + nbytes - pos)
@@ -1096,6 +1100,7 @@ class Artifact:
             IntegrityError(
                 f"{count} non-zero byte(s) in the gap [{start}, {end}) before plane {plane!r}, "
                 f"first at byte {first}",
+                kind="nonzero_gap",
                 path=str(c.path),
                 tensor=tensor,
             )
@@ -1128,7 +1133,7 @@ class Artifact:
                 ),
                 None,
             )
-        h = xxhash.xxh3_128()
+        h = new_digest()
         parts: list[bytes] = []
         pos = 0
         try:
@@ -1160,7 +1165,10 @@ class Artifact:
             layout = LAYOUTS[info.layout]
             with self._planes(info) as views:
                 messages = layout.padding_problems(info.format, info.shape, views)
-            problems += [ArtifactError(m, path=str(info.file), tensor=info.name) for m in messages]
+            problems += [
+                ArtifactError(m, kind="nonzero_padding", path=str(info.file), tensor=info.name)
+                for m in messages
+            ]
         return problems
 
     # -- lifetime ----------------------------------------------------------------------------

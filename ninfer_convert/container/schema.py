@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from ..errors import SchemaError
 from .wire import DIGEST_HEX_RE, MAX_INT
 
 __all__ = [
@@ -78,15 +79,6 @@ __all__ = [
 
 MAX_JSON_DEPTH = 64
 """Nesting limit for free-form JSON (the source ``config``)."""
-
-
-class SchemaError(Exception):
-    """A JSON value does not fit the schema; ``where`` locates it."""
-
-    def __init__(self, where: str, message: str) -> None:
-        self.where = where or "(root)"
-        self.message = message
-        super().__init__(f"{self.where}: {message}")
 
 
 @contextlib.contextmanager

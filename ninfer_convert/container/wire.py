@@ -21,6 +21,7 @@ offset   size   field
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -41,11 +42,15 @@ __all__ = [
     "MIN_ALIGNMENT",
     "PRELUDE",
     "PRELUDE_SIZE",
+    "RECIPE_DIGEST_ALGORITHM",
     "SINGLE_NAME",
+    "SOURCE_DIGEST_PREFIX",
     "align_up",
     "canonical_json",
     "digest_hex",
     "header_digest",
+    "new_digest",
+    "recipe_digest",
     "shard_name",
 ]
 
@@ -95,9 +100,28 @@ def digest_hex(data: bytes | bytearray | memoryview) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def new_digest() -> xxhash.xxh3_128:
+    """A streaming hasher of the container digest (xxh3-128, seed 0): ``update`` it with the
+    bytes in order, then ``hexdigest()`` (the JSON form) or ``digest()`` (the prelude form)."""
+    return xxhash.xxh3_128()
+
+
+SOURCE_DIGEST_PREFIX = "xxh3-128:"
+"""The header's source-tensor and source-file digests: this prefix and 32 lowercase hex digits
+of the container digest of the raw bytes."""
+
+RECIPE_DIGEST_ALGORITHM = "sha256"
+"""``recipe.digest`` is ``sha256:<64 hex digits>`` of the recipe text's UTF-8 bytes."""
+
+
+def recipe_digest(text: str) -> str:
+    """``recipe.digest`` of a recipe text."""
+    return f"{RECIPE_DIGEST_ALGORITHM}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+
+
 def header_digest(prelude_head: bytes, header: bytes | memoryview) -> bytes:
     """The 16 digest bytes stored at prelude offset 32."""
-    h = xxhash.xxh3_128()
+    h = new_digest()
     h.update(prelude_head[:DIGEST_COVERED_PRELUDE])
     h.update(header)
     return h.digest()

@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import xxhash
 
 from ..errors import NinferError, ResourceError, SourceError, UsageError
 from ..formats import lookup_format
@@ -112,7 +111,9 @@ from .wire import (
     PRELUDE_SIZE,
     align_up,
     canonical_json,
+    digest_hex,
     header_digest,
+    new_digest,
     shard_name,
 )
 
@@ -140,8 +141,8 @@ _WRITEBACK_BATCH = 8 << 20
 INDEX_VERSION = 1
 
 
-def _usage(exc: SchemaError, what: str) -> UsageError:
-    return UsageError(f"{what}: {exc.where}: {exc.message}")
+def _usage(exc: SchemaError, what: str) -> NinferError:
+    return exc.as_error(UsageError, what)
 
 
 def check_writer_alignment(alignment: object) -> None:
@@ -259,10 +260,9 @@ def _naming(tensor: str) -> Iterator[None]:
     try:
         yield
     except NinferError as exc:
-        if exc.tensor is None:
-            exc.tensor = tensor
-            exc.args = (exc.render(),)
-        raise
+        if exc.tensor is not None:
+            raise
+        raise exc.with_context(tensor=tensor) from exc
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class Reservation:
 
     Why a sink: storing into mapped pages of freshly allocated file blocks costs a fault and
     a zeroed page per page before the bytes are copied in; ``pwrite`` copies once, and was
-    several times faster (docs/performance.md, issue 12: "Convert regression")."""
+    several times faster (docs/performance.md, "Convert regression")."""
 
     name: str
     fmt_name: str
@@ -716,9 +716,7 @@ class ArtifactWriter:
                     "packed planes have non-canonical padding: " + "; ".join(problems[:4])
                 )
         entries = [
-            PlaneEntry(
-                spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(memoryview(plane.data))
-            )
+            PlaneEntry(spec.name, offset, spec.nbytes, digest_hex(memoryview(plane.data)))
             for spec, offset, plane in zip(specs, res.offsets, res.planes, strict=True)
         ]
         entry = TensorEntry(
@@ -835,7 +833,7 @@ class ArtifactWriter:
             prov = Provenance.from_json(provenance, "provenance")
             check_provenance(prov, fmt_name, "provenance")
         except SchemaError as exc:
-            raise UsageError(f"{exc.where}: {exc.message}", tensor=name) from None
+            raise UsageError(exc.message, tensor=name, where=exc.where) from None
         try:
             canonical_json([name, role, prov.to_json()])
         except UnicodeEncodeError as exc:
@@ -898,9 +896,7 @@ class ArtifactWriter:
                 gap -= step
             data = memoryview(view.data)
             handle.write(data)
-            entries.append(
-                PlaneEntry(spec.name, offset, spec.nbytes, xxhash.xxh3_128_hexdigest(data))
-            )
+            entries.append(PlaneEntry(spec.name, offset, spec.nbytes, digest_hex(data)))
             shard.cursor = offset + spec.nbytes
         _start_writeback(shard)
         entry = TensorEntry(
@@ -964,7 +960,7 @@ class ArtifactWriter:
         with open(fd, "rb", buffering=0) as fin:
             if len(parts) > 1:
                 (self.staging / dest_name).parent.mkdir(parents=True, exist_ok=True)
-            h = xxhash.xxh3_128()
+            h = new_digest()
             size = 0
             with open(self.staging / dest_name, "xb") as fout:
                 while size < st.st_size:

@@ -76,6 +76,7 @@ def nonfinite_error(
         f"non-finite source value (word 0x{word:x} {source_dtype}) at row {row}, column "
         f"{column} (group {group}); NaN and infinity are never quantized",
         tensor=tensor,
+        kind="non_finite_value",
         rule="spec Section 7",
         hint="fix the source checkpoint or keep this tensor in a direct format",
     )
@@ -86,6 +87,7 @@ def overflow_error(tensor: str | None, row: int, group: int, raw_scale: float) -
         f"row {row}, group {group}: scale amax/qmax = {raw_scale!r} overflows binary16 "
         "(largest finite 65504)",
         tensor=tensor,
+        kind="scale_overflow",
         rule="spec Section 7",
         hint="this group's magnitude cannot be represented by an F16S format; choose a direct "
         "format for this tensor",

@@ -23,6 +23,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
+from ..layouts.base import ceil_div
 from .oracle import (
     BINARY16,
     BINARY32,
@@ -78,7 +79,7 @@ def _rne64(m: int, e: int) -> tuple[int, int]:
 def _dyadic32(word: int) -> tuple[int, int]:
     sign = -1 if word >> 31 else 1
     exp = (word >> 23) & 0xFF
-    frac = word & 0x7FFFFF
+    frac = word & BINARY32.frac_mask
     if exp == 0:
         return sign * frac, -149
     return sign * (frac | 0x800000), exp - 150
@@ -86,7 +87,7 @@ def _dyadic32(word: int) -> tuple[int, int]:
 
 def _dyadic16(word: int) -> tuple[int, int]:
     exp = (word >> 10) & 0x1F
-    frac = word & 0x3FF
+    frac = word & BINARY16.frac_mask
     if exp == 0:
         return frac, -24
     return frac | 0x400, exp - 25
@@ -105,7 +106,7 @@ def candidate_scales_reference(x_words: list[int], qmin: int, qmax: int) -> list
     :class:`~.oracle.OracleFailure` where the canonical profile refuses the group.
     """
     canonical, _ = encode_group_oracle(x_words, qmin, qmax)
-    amax = decode_binary(max(w & 0x7FFFFFFF for w in x_words), BINARY32)
+    amax = decode_binary(max(w & BINARY32.magnitude_mask for w in x_words), BINARY32)
     denominators = [Fraction(-qmin)] + [Fraction(qmax * c, 32) for c in CANDIDATE_RATIOS]
     out: list[int | None] = [canonical]
     for d in denominators:
@@ -172,7 +173,7 @@ def encode_group_mse_reference(
     for i, w in enumerate(x_words):
         if (w >> 23) & 0xFF == 0xFF:
             raise OracleFailure(-1, -1, i, float("nan"))
-    if max(w & 0x7FFFFFFF for w in x_words) == 0:
+    if max(w & BINARY32.magnitude_mask for w in x_words) == 0:
         return 0x0000, [0] * len(x_words)
     best: tuple[Fraction, int, list[int]] | None = None
     for scale in candidate_scales_reference(x_words, qmin, qmax):
@@ -204,7 +205,7 @@ def encode_mse_reference(
     if len(per_column) != x_words.shape[1]:
         raise ValueError("one weight per column")
     k = x_words.shape[1]
-    n_groups = -(-k // group_size)
+    n_groups = ceil_div(k, group_size)
     # encode_matrix hands each group over without its column; groups are visited row by row,
     # group by group, so the g-th call of a row is group g (columns g*G .. ).
     calls = iter(range(x_words.shape[0] * n_groups))

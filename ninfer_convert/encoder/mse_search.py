@@ -40,6 +40,8 @@ import numpy.typing as npt
 
 from ..errors import EncodeError
 from ..formats import MSE_F16_SEARCH_IW_V1, NumericFormat
+from ..ieee import BINARY16, BINARY32
+from ..layouts.base import ceil_div
 from ..logical import GroupedCodes
 from .common import to_f32
 from .mse_reference import CANDIDATE_RATIOS, weight_problem
@@ -76,7 +78,8 @@ def check_weights(
             hint="the vector must have one weight per column of the [N, K] matrix the "
             "encoder sees (after the rule's transforms)",
         )
-    bad = (w >= np.uint32(0x80000000)) | ((w & np.uint32(0x7F800000)) == np.uint32(0x7F800000))
+    exp = np.uint32(BINARY32.exp_mask)
+    bad = (w >= np.uint32(BINARY32.sign_mask)) | ((w & exp) == exp)
     if bad.any():
         col = int(np.argmax(bad))
         word = int(w[col])
@@ -177,7 +180,7 @@ def _encode_piece(
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = words.shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     m = n * n_groups
     # Candidate 0 and every refusal come from the canonical encoder.
     _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
@@ -203,7 +206,7 @@ def _encode_piece(
     better = np.empty(m, dtype=bool)
     for j in range(cands.shape[-1]):
         word = cands[:, j]
-        usable = live & (word < 0x7C00)
+        usable = live & (word < BINARY16.exp_mask)
         s = word.view(np.float16).astype(np.float64)
         s[~usable] = 1.0  # placeholder; these groups never take this candidate
         group_errors(xt, s, fmt, q, t, err, wt)

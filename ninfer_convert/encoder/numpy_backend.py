@@ -21,6 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..formats import NumericFormat
+from ..ieee import BFLOAT16, BINARY16, BINARY32
+from ..layouts.base import ceil_div
 from ..logical import GroupedCodes
 from .common import locate_nonfinite, nonfinite_error, overflow_error, to_f32
 
@@ -42,7 +44,7 @@ def _encode_rows(
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = words.shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     if source_dtype == "F16":
         words = to_f32(words, "F16").view(np.uint32)  # exact widening, then as F32
     wide = words.dtype.itemsize == 4
@@ -55,13 +57,13 @@ def _encode_rows(
     # amax on the integer words: for IEEE formats, clearing the sign bit leaves a word whose
     # unsigned order is the order of |x| (inf and NaN above every finite magnitude).  An
     # integer max is several times faster than a float reduction and cannot produce -0.0.
-    sign_clear = np.uint32(0x7FFFFFFF) if wide else np.uint16(0x7FFF)
+    sign_clear = np.uint32(BINARY32.magnitude_mask) if wide else np.uint16(BFLOAT16.magnitude_mask)
     amax_bits = np.bitwise_and(words, sign_clear).reshape(n, n_groups, g).max(axis=2)
     if wide:
-        nonfinite = amax_bits >= np.uint32(0x7F800000)
+        nonfinite = amax_bits >= np.uint32(BINARY32.exp_mask)
         amax = amax_bits.view(np.float32)
     else:  # BF16
-        nonfinite = amax_bits >= np.uint16(0x7F80)
+        nonfinite = amax_bits >= np.uint16(BFLOAT16.exp_mask)
         amax = np.left_shift(amax_bits.astype(np.uint32), np.uint32(16)).view(np.float32)
     if nonfinite.any():
         x = to_f32(words, "F32" if wide else "BF16")
@@ -75,7 +77,7 @@ def _encode_rows(
     bits = scale16.view(np.uint16)
     # 2^-24 rescue: a nonzero amax whose scale rounded to +0 gets the smallest subnormal.
     bits[(bits == 0) & (amax_bits > 0)] = 0x0001
-    overflow = bits == 0x7C00
+    overflow = bits == BINARY16.exp_mask
     if overflow.any():
         r, grp = (int(i) for i in np.argwhere(overflow)[0])
         raise overflow_error(tensor, row0 + r, grp, float(raw_scale32[r, grp]))
@@ -135,7 +137,7 @@ def encode_chunked(
     assert fmt.group_size is not None
     n, k = words.shape
     codes = np.empty((n, k), dtype=np.int8)
-    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
+    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
     rows = max(1, chunk_elements // k)
     starts = range(0, n, rows)
 

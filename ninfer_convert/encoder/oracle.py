@@ -11,11 +11,13 @@ torch backends must match it bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
+from ..ieee import BINARY16, BINARY32, BinaryFormat
+from ..layouts.base import ceil_div
 
 __all__ = [
     "BINARY16",
@@ -37,31 +39,11 @@ class OracleFailure(ValueError):
         super().__init__(f"row {row}, group {group}, column {column}")
 
 
-@dataclass(frozen=True)
-class BinaryFormat:
-    """An IEEE-754 binary interchange format: exponent and trailing-fraction widths."""
-
-    exp_bits: int
-    frac_bits: int
-
-    @property
-    def bias(self) -> int:
-        return (1 << (self.exp_bits - 1)) - 1
-
-    @property
-    def exp_max(self) -> int:
-        return (1 << self.exp_bits) - 1
-
-
-BINARY32 = BinaryFormat(8, 23)
-BINARY16 = BinaryFormat(5, 10)
-
-
 def decode_binary(word: int, fmt: BinaryFormat) -> Fraction:
     """Exact value of a finite word; raises ValueError for inf/NaN (never quantized)."""
-    sign = -1 if (word >> (fmt.exp_bits + fmt.frac_bits)) & 1 else 1
+    sign = -1 if word & fmt.sign_mask else 1
     exp = (word >> fmt.frac_bits) & fmt.exp_max
-    frac = word & ((1 << fmt.frac_bits) - 1)
+    frac = word & fmt.frac_mask
     if exp == fmt.exp_max:
         raise ValueError(f"non-finite word 0x{word:x}")
     if exp == 0:  # zero or subnormal: frac * 2^(1 - bias - frac_bits)
@@ -89,7 +71,7 @@ def round_to_binary(value: Fraction, fmt: BinaryFormat, *, negative_zero: bool =
 
     ``negative_zero`` selects the sign of a zero result (a product's sign for ``-x * inv``).
     """
-    sign_bit = 1 << (fmt.exp_bits + fmt.frac_bits)
+    sign_bit = fmt.sign_mask
     if value == 0:
         return sign_bit if negative_zero else 0
     sign = sign_bit if value < 0 else 0
@@ -103,7 +85,7 @@ def round_to_binary(value: Fraction, fmt: BinaryFormat, *, negative_zero: bool =
         n >>= 1
         e += 1
     if e > fmt.exp_max - 1 - fmt.bias:  # above the largest finite binade: infinity
-        return sign | (fmt.exp_max << fmt.frac_bits)
+        return sign | fmt.exp_mask
     if n < (1 << fmt.frac_bits):  # subnormal (only possible when e == emin)
         return sign | n
     return sign | ((e + fmt.bias) << fmt.frac_bits) | (n - (1 << fmt.frac_bits))
@@ -113,7 +95,7 @@ def _dyadic(word: int) -> tuple[int, int]:
     """A finite binary32 word as an exact (signed integer m, exponent e) with value m * 2^e."""
     sign = -1 if word >> 31 else 1
     exp = (word >> 23) & 0xFF
-    frac = word & 0x7FFFFF
+    frac = word & BINARY32.frac_mask
     if exp == 0:
         return sign * frac, -149
     return sign * (frac | 0x800000), exp - 150
@@ -156,7 +138,8 @@ def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, 
     # max |x|: for finite IEEE words with the sign bit cleared, the integer order is the order
     # of the magnitudes (exponent above fraction, both unsigned), so the largest such word is
     # the word of amax.
-    amax = decode_binary(max(w & 0x7FFFFFFF for w in x_words), BINARY32)
+    magnitude = BINARY32.magnitude_mask
+    amax = decode_binary(max(w & magnitude for w in x_words), BINARY32)
     if amax == 0:
         return 0x0000, [0] * len(x_words)
     raw_scale32 = decode_binary(round_to_binary(amax / qmax, BINARY32), BINARY32)
@@ -194,7 +177,7 @@ def encode_matrix(
     Raises :class:`OracleFailure` with the row, group (and column) of the first failure.
     """
     n_rows, k = x_words.shape
-    n_groups = -(-k // group_size)
+    n_groups = ceil_div(k, group_size)
     codes = np.zeros((n_rows, k), dtype=np.int8)
     scales = np.zeros((n_rows, n_groups), dtype=np.uint16)
     for r in range(n_rows):

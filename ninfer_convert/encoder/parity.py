@@ -67,6 +67,7 @@ def cuda_parity_gate(formats: Iterable[str], *, device: Any = "cuda") -> None:
                 raise EncodeError(
                     f"GPU parity gate failed for {name} on corpus case {case!r}: {diff}",
                     rule="spec Sections 7 and 12",
+                    kind="encoder_disagreement",
                     hint="the GPU encoder is not bit-identical to the oracle on this machine; "
                     "convert with --device cpu and report the GPU, driver and torch version",
                 )
@@ -100,6 +101,7 @@ def spot_check_rows(
             f"re-encoding sampled rows {pick.tolist()} with the {backend} backend differs: {diff}",
             tensor=tensor,
             rule="spec Section 7 parity",
+            kind="encoder_disagreement",
             hint="the fast encoder disagrees with the reference; nothing was written",
         )
     return int(pick.size)

@@ -26,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ..layouts.base import ceil_div
+
 __all__ = [
     "ChunkStager",
     "CudaStager",
@@ -201,7 +203,7 @@ class CudaStager:
         self._dtype = source_dtype
         self._dev = dev
         self._host = host_words(values, source_dtype)
-        n_groups = -(-k // g)
+        n_groups = ceil_div(k, g)
         word = _TORCH_WORD[source_dtype]
         self.compute = torch.cuda.current_stream(dev)
         self.copy = _new_stream(dev)

@@ -50,6 +50,8 @@ import numpy.typing as npt
 
 from ..errors import EncodeError
 from ..formats import NumericFormat
+from ..ieee import BINARY16
+from ..layouts.base import ceil_div
 from ..logical import GroupedCodes
 from .common import nonfinite_error, overflow_error
 
@@ -69,7 +71,7 @@ def _encode_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any, Any]:
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = x.shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     if k % g:
         x = torch.nn.functional.pad(x, (0, n_groups * g - k))  # zero fill: see numpy backend
     xg = x.view(n, n_groups, g)
@@ -98,7 +100,7 @@ def _failure_flag(amax: Any, bits: Any) -> Any:
     """
     import torch
 
-    return (~torch.isfinite(amax) | (bits == 0x7C00)).any()
+    return (~torch.isfinite(amax) | (bits == BINARY16.exp_mask)).any()
 
 
 def _make_stager(
@@ -137,7 +139,7 @@ def encode_torch(
     assert fmt.group_size is not None
     n, k = values.shape
     codes = np.empty((n, k), dtype=np.int8)
-    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
+    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
     if chunk_elements is None:
         chunk_elements = CHUNK_ELEMENTS_CUDA if dev.type == "cuda" else CHUNK_ELEMENTS_CPU
     rows = max(1, chunk_elements // k)
@@ -205,7 +207,7 @@ def _raise_chunk_error(
         r, c = divmod(flat, k)
         word = _source_word(values, r0 + r, c, source_dtype)
         raise nonfinite_error(tensor, row0 + r0 + r, c // fmt.group_size, c, word, source_dtype)
-    overflow = bits == 0x7C00
+    overflow = bits == BINARY16.exp_mask
     if bool(overflow.any()):
         r, grp = (int(i) for i in torch.nonzero(overflow)[0])
         raise overflow_error(tensor, row0 + r0 + r, grp, float(raw[r, grp]))
@@ -213,6 +215,7 @@ def _raise_chunk_error(
         f"rows {row0 + r0}..{row0 + r1 - 1} were flagged as non-finite or overflowing on "
         f"{dev}, but re-encoding them found neither",
         tensor=tensor,
+        kind="encoder_disagreement",
         rule="spec Section 7",
         hint="the device gave different results for the same chunk; convert with --device cpu "
         "and report the GPU, driver and torch version",
@@ -265,7 +268,7 @@ def _f64_to_f16_words(v: Any) -> Any:
     normal = (r + ((1 << 41) - 1) + ((r >> 42) & 1)) >> 42
     sub = torch.round(v * 16777216.0).to(torch.int64)  # v * 2^24 is exact; below 1024 here
     words = torch.where(v >= 6.103515625e-05, normal, sub)
-    return torch.where(v >= 65520.0, torch.full_like(words, 0x7C00), words)
+    return torch.where(v >= 65520.0, torch.full_like(words, BINARY16.exp_mask), words)
 
 
 def _mse_codes_errors(xg: Any, s: Any, fmt: NumericFormat) -> tuple[Any, Any]:
@@ -294,7 +297,7 @@ def _mse_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any]:
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = x.shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     _, bits0, amax, _ = _encode_chunk(x, fmt)  # candidate 0 and the refusal flag
     flag = _failure_flag(amax, bits0)
     if k % g:
@@ -308,7 +311,7 @@ def _mse_chunk(x: Any, fmt: NumericFormat) -> tuple[Any, Any, Any]:
     raw = torch.div(amax64 * num, den.expand_as(amax64 * num))  # [n, groups, 13]
     words = torch.cat([bits0.to(torch.int64).unsqueeze(2) & 0xFFFF, _f64_to_f16_words(raw)], 2)
     words = torch.where(words == 0, torch.ones_like(words), words)  # the 2^-24 rescue
-    usable = words != 0x7C00
+    usable = words != BINARY16.exp_mask
     words = torch.where(usable, words, words[..., :1].expand_as(words))  # placeholder: j = 0
     s = words.to(torch.int16).view(torch.float16).double().unsqueeze(3)  # [n, groups, 14, 1]
     q, acc = _mse_codes_errors(xg, s, fmt)
@@ -342,7 +345,7 @@ def encode_mse_torch(
     assert fmt.group_size is not None
     n, k = words.shape
     codes = np.empty((n, k), dtype=np.int8)
-    scales = np.empty((n, -(-k // fmt.group_size)), dtype=np.uint16)
+    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
     if chunk_elements is None:
         chunk_elements = MSE_CHUNK_ELEMENTS_CUDA if dev.type == "cuda" else MSE_CHUNK_ELEMENTS_CPU
     piece = max(1, NUMPY_PIECE // k)  # rows of one numpy piece: chunks are whole pieces

@@ -95,7 +95,9 @@ def _f32(word: int) -> float:
 
 
 def _refuse(entry: PlanEntry, message: str, hint: str) -> EncodeError:
-    return EncodeError(message, tensor=entry.output, rule=f"at line {entry.rule.line}", hint=hint)
+    return EncodeError(
+        message, tensor=entry.output, where=f"recipe rule at line {entry.rule.line}", hint=hint
+    )
 
 
 def _desc(info: SourceTensorInfo) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SourceError
+from ..layouts.base import ceil_div
 
 if TYPE_CHECKING:
     from ..source import SourceArray
@@ -91,7 +92,7 @@ class _Concat(Node):
         # rows between them part by part.  A row can be far larger than a block (along axis 0
         # it is the whole tensor), so a block never reads whole rows it only touches.
         row = self.row
-        r0, r1 = -(-a // row), b // row  # whole rows [r0, r1)
+        r0, r1 = ceil_div(a, row), b // row  # whole rows [r0, r1)
         pieces: list[npt.NDArray[np.generic]] = []
         if r1 < r0:  # inside one row
             self._partial(pieces, a // row, a % row, a % row + (b - a))
@@ -211,7 +212,7 @@ class _Transpose(Node):
         n = self.shape[1]
         if b <= a or n == 0:
             return np.empty(0, dtype=self.dtype)
-        r0, r1 = a // n, -(-b // n)
+        r0, r1 = a // n, ceil_div(b, n)
         first, strip = self._strip(src, r0, r1)
         flat = strip[r0 - first : r1 - first].reshape(-1)
         return flat[a - r0 * n : b - r0 * n]

@@ -43,6 +43,7 @@ import numpy.typing as npt
 
 from ..errors import EncodeError, SourceError
 from ..formats import lookup_format
+from ..ieee import BFLOAT16, BINARY16, BINARY32
 from ..logical import DirectWords, LogicalTensor
 from ..native import optional_module
 from ..source import SourceArray, SourceCheckpoint
@@ -108,7 +109,8 @@ class Materialized:
 
 
 # Non-finite words: exponent field all ones (spec Section 3.1 value classes).
-_EXP_MASK = {"BF16": 0x7F80, "F16": 0x7C00, "F32": 0x7F800000, "FP32": 0x7F800000}
+_BINARY = {"BF16": BFLOAT16, "F16": BINARY16, "F32": BINARY32, "FP32": BINARY32}
+_EXP_MASK = {dtype: fmt.exp_mask for dtype, fmt in _BINARY.items()}
 
 
 def nonfinite_mask(words: npt.NDArray[np.generic], dtype: str) -> npt.NDArray[np.bool_]:
@@ -145,16 +147,13 @@ def _check_finite(
         local = first_index(bad)
         word = int(words[local])
         idx, shape = _locate(local, words.shape, where)
-        kind = (
-            "NaN"
-            if (word & ~_EXP_MASK[dtype] & (0x7FFFFF if dtype in ("F32", "FP32") else 0x7FFF))
-            else "infinity"
-        )
+        kind = "NaN" if word & _BINARY[dtype].frac_mask else "infinity"
         raise EncodeError(
             f"non-finite value ({kind}, {dtype} word 0x{word:0{words.dtype.itemsize * 2}x}) at "
             f"{_at(idx)} of shape {list(shape)}; {why}",
             tensor=entry.output,
-            rule=f"at line {entry.rule.line}",
+            kind="non_finite_value",
+            where=f"recipe rule at line {entry.rule.line}",
             hint=hint,
         )
 
@@ -274,7 +273,7 @@ def _convert(
                 f"finite value {_f32(word)!r} (F32 word 0x{word:08x}) at {_at(idx)} rounds to "
                 f"infinity in BF16; {conv} never turns a finite value into infinity",
                 tensor=entry.output,
-                rule=f"at line {entry.rule.line}",
+                where=f"recipe rule at line {entry.rule.line}",
                 hint="store this tensor as FP32, or fix the source",
             )
         return out

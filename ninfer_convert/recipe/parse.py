@@ -14,11 +14,11 @@ that :func:`~.plan.build_plan` can report load-time and plan-time problems toget
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
 
+from ..container.wire import recipe_digest
 from ..errors import RecipeError
 from .model import (
     Evidence,
@@ -128,7 +128,7 @@ def parse_recipe(text: str, *, path: str | None = None) -> tuple[Recipe | None, 
 
     if name is None or version is None or identity is None:
         return None, ctx.problems
-    digest = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    digest = recipe_digest(text)
     recipe = Recipe(
         path=path,
         text=text,

@@ -55,8 +55,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
+from ..container.wire import SOURCE_DIGEST_PREFIX, digest_hex
 from ..errors import SourceError
 from ..names import MAX_SIDE_FILE_DEPTH, side_file_key, side_file_path_problem
 from ..readahead import read_ahead
@@ -82,7 +82,7 @@ __all__ = [
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-DIGEST_PREFIX = "xxh3-128:"
+DIGEST_PREFIX = SOURCE_DIGEST_PREFIX
 
 SourceKind = Literal["hf-dir", "safetensors-file"]
 
@@ -130,7 +130,7 @@ Everything else that is a regular file under the source directory is copied."""
 
 def digest_bytes(data: object) -> str:
     """``"xxh3-128:<hex>"`` of a bytes-like object (the source-digest spelling)."""
-    return DIGEST_PREFIX + xxhash.xxh3_128(data).hexdigest()  # type: ignore[arg-type]
+    return DIGEST_PREFIX + digest_hex(data)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
         if opened is None:
             raise SourceError(
                 "is not a regular file (a FIFO, device or socket)",
+                kind="source_header",
                 path=where,
                 hint="pass a real .safetensors file",
             )
@@ -235,6 +236,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             if file_size < 8:
                 raise SourceError(
                     f"file is {file_size} bytes, too small for a safetensors header",
+                    kind="source_header",
                     path=where,
                     hint="the file is truncated or not a safetensors file",
                 )
@@ -242,12 +244,14 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             if n > MAX_HEADER_BYTES:
                 raise SourceError(
                     f"header length {n} exceeds the cap of {MAX_HEADER_BYTES} bytes",
+                    kind="source_header",
                     path=where,
                     hint="not a safetensors file, or a hostile one",
                 )
             if 8 + n > file_size:
                 raise SourceError(
                     f"header length {n} runs past the end of the {file_size}-byte file",
+                    kind="source_header",
                     path=where,
                     hint="the file is truncated",
                 )
@@ -258,18 +262,25 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
         raise SourceError(
-            f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})", path=where
+            f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+            kind="source_header",
+            path=where,
         ) from exc
     if not text.lstrip(_JSON_WHITESPACE).startswith("{"):
         raise SourceError(
-            "header does not start with '{'", path=where, hint="not a safetensors file"
+            "header does not start with '{'",
+            kind="source_header",
+            path=where,
+            hint="not a safetensors file",
         )
     try:
         header = loads_strict_json(text, header=True)
     except ValueError as exc:
-        raise SourceError(f"header is not valid JSON: {exc}", path=where) from exc
+        raise SourceError(
+            f"header is not valid JSON: {exc}", kind="source_header", path=where
+        ) from exc
     if not isinstance(header, dict):
-        raise SourceError("header is not a JSON object", path=where)
+        raise SourceError("header is not a JSON object", kind="source_header", path=where)
 
     data_start = 8 + n
     data_len = file_size - data_start
@@ -282,7 +293,9 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             if not isinstance(spec, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in spec.items()
             ):
-                raise SourceError("__metadata__ must map strings to strings", path=where)
+                raise SourceError(
+                    "__metadata__ must map strings to strings", kind="source_header", path=where
+                )
             metadata = dict(spec)
             continue
         entries.append(_entry(name, spec, where, data_start))
@@ -295,6 +308,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             what = "overlaps the previous tensor" if rel < expected else "leaves a gap"
             raise SourceError(
                 f"data_offsets begin at {rel} but the previous tensor ends at {expected} ({what})",
+                kind="source_header",
                 path=where,
                 tensor=e.name,
                 hint="safetensors data must tile the data region exactly",
@@ -303,6 +317,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     if expected != data_len:
         raise SourceError(
             f"tensor data ends at {expected} but the data region is {data_len} bytes",
+            kind="source_header",
             path=where,
             hint="the file is truncated or has trailing bytes",
         )
@@ -321,6 +336,7 @@ def _check_name(name: str, where: str) -> None:
         shown = name if len(name) <= 80 else name[:60] + f"... ({len(name)} characters)"
         raise SourceError(
             problem,
+            kind="source_header",
             path=where,
             tensor=shown,
             hint="the output container cannot store this name; rename the tensor in the "
@@ -331,13 +347,16 @@ def _check_name(name: str, where: str) -> None:
 def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
     _check_name(name, where)
     if not isinstance(spec, dict):
-        raise SourceError("header entry is not an object", path=where, tensor=name)
+        raise SourceError(
+            "header entry is not an object", kind="source_header", path=where, tensor=name
+        )
     keys = set(spec)
     if keys != {"dtype", "shape", "data_offsets"}:
         extra = sorted(keys - {"dtype", "shape", "data_offsets"})
         missing = sorted({"dtype", "shape", "data_offsets"} - keys)
         raise SourceError(
             f"header entry has unexpected keys {extra} / missing keys {missing}",
+            kind="source_header",
             path=where,
             tensor=name,
         )
@@ -345,6 +364,7 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
     if not isinstance(dtype, str) or (dtype not in DTYPES and dtype not in OPAQUE_DTYPES):
         raise SourceError(
             f"dtype {dtype!r} is not a safetensors dtype",
+            kind="source_header",
             path=where,
             tensor=name,
             hint="known: " + ", ".join([*DTYPES, *OPAQUE_DTYPES]),
@@ -352,11 +372,15 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
     shape = spec["shape"]
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise SourceError(
-            f"shape {shape!r} is not a list of non-negative integers", path=where, tensor=name
+            f"shape {shape!r} is not a list of non-negative integers",
+            kind="source_header",
+            path=where,
+            tensor=name,
         )
     if len(shape) > MAX_NDIM:
         raise SourceError(
             f"shape has {len(shape)} dimensions; at most {MAX_NDIM} are supported",
+            kind="source_header",
             path=where,
             tensor=name,
         )
@@ -368,6 +392,7 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
         raise SourceError(
             f"shape {shape} of {dtype} spans more than {MAX_TENSOR_BYTES} bytes "
             "(product of the non-zero dimensions times the item size)",
+            kind="source_header",
             path=where,
             tensor=name,
             hint="no real tensor has this shape; the header is corrupt or hostile",
@@ -381,6 +406,7 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
     ):
         raise SourceError(
             f"data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end",
+            kind="source_header",
             path=where,
             tensor=name,
         )
@@ -391,6 +417,7 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
         raise SourceError(
             f"shape {shape} of {dtype} ({bits}-bit elements) does not fill whole bytes "
             f"({numel} elements * {bits} bits is not a multiple of 8)",
+            kind="source_header",
             path=where,
             tensor=name,
         )
@@ -399,6 +426,7 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
     if end - begin != expected:
         raise SourceError(
             f"data_offsets span {end - begin} bytes but shape {shape} of {dtype} needs {expected}",
+            kind="source_header",
             path=where,
             tensor=name,
         )

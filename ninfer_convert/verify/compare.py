@@ -29,6 +29,7 @@ from ..encoder.common import to_f32
 from ..encoder.host import ErrorSums
 from ..encoder.oracle import OracleFailure, encode_group_oracle
 from ..formats import NumericFormat
+from ..layouts.base import ceil_div
 from ..logical import DirectWords, FP8RowWords, GroupedCodes, LogicalTensor, NVFP4Words
 from ..words import f16_to_f32_words
 from .report import Mismatch, TensorErrorStats
@@ -216,7 +217,7 @@ def oracle_sample(
     else:
         assert shape is not None
         n_rows, k = shape
-    n_groups = -(-k // g)
+    n_groups = ceil_div(k, g)
     mismatches: list[Mismatch] = []
     picks = sample_groups(tensor, n_rows, n_groups, count, seed)
     wanted = sorted({row for row, _ in picks})

@@ -1,4 +1,4 @@
-"""``verify``: prove an artifact is exactly what its recipe promised (issue 5, docs/cli.md).
+"""``verify``: prove an artifact is exactly what its recipe promised (docs/cli.md).
 
 Contract of :func:`verify_artifact`:
 
@@ -162,6 +162,7 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
         if not os.path.lexists(p / SINGLE_NAME) and not os.path.lexists(p / INDEX_NAME):
             raise UsageError(
                 f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
+                kind="not_an_artifact",
                 path=str(p),
             )
         return p
@@ -172,6 +173,7 @@ def check_artifact_path(path: str | os.PathLike[str]) -> Path:
         what = f"starts with {head.hex(' ')}" if head else "is empty"
         raise UsageError(
             f"not a .ninfer artifact (it {what}; a container starts with {MAGIC.hex(' ')})",
+            kind="not_an_artifact",
             path=str(p),
             hint="pass a model.ninfer file, a shard index or the artifact directory",
         )
@@ -188,6 +190,7 @@ def _read_magic(p: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(
                 "not a .ninfer artifact: not a regular file (a FIFO, device or socket)",
+                kind="not_an_artifact",
                 path=str(p),
                 hint="pass a model.ninfer file, a shard index or the artifact directory",
             )
@@ -508,6 +511,7 @@ def _mismatch(check: str, what: str, m: Mismatch, where: str) -> Finding:
         path=where,
         tensor=m.tensor,
         mismatch=m,
+        kind="word_mismatch",
     )
 
 
@@ -543,6 +547,7 @@ def _digest_findings(
                     SourceError(
                         f"source tensor {src.name!r} changed since conversion: recorded "
                         f"digest {was}, now {now}; the tensor was not compared",
+                        kind="source_mismatch",
                         path=str(ctx.source.path),
                         tensor=entry.output,
                         hint="verify against the recorded source, or convert again",
@@ -628,7 +633,7 @@ def _source_side_files(
 def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
     """xxh3-128 of a source side file of exactly ``size`` bytes (the recorded size), or None
     when it is not a regular file of that size; never blocks on a FIFO, never reads more."""
-    import xxhash
+    from ..container.wire import new_digest
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -638,7 +643,7 @@ def _source_file_digest(path: os.PathLike[str], size: int) -> str | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None
-        h = xxhash.xxh3_128()
+        h = new_digest()
         pos = 0
         while pos < size:
             chunk = os.pread(fd, min(1 << 24, size - pos), pos)
@@ -681,12 +686,18 @@ def _source_metadata_findings(
             continue
         if now is None:
             add(SourceError(f"the recorded source file {name!r} ({was} bytes) is missing",
-                            path=spec))  # fmt: skip
+                            kind="source_mismatch", path=spec))  # fmt: skip
         elif was is None:
             add(SourceError(f"source file {name!r} ({now} bytes) is not recorded in the artifact",
-                            path=spec))  # fmt: skip
+                            kind="source_mismatch", path=spec))  # fmt: skip
         else:
-            add(SourceError(f"source file {name!r} is {now} bytes, recorded as {was}", path=spec))
+            add(
+                SourceError(
+                    f"source file {name!r} is {now} bytes, recorded as {was}",
+                    kind="source_mismatch",
+                    path=spec,
+                )
+            )
 
     def same(a: object, b: object) -> bool:  # JSON equality: 1 and true, 1 and 1.0 differ
         try:
@@ -856,7 +867,11 @@ def _prepare_source(
             identity.append(
                 Finding.of(
                     "source-identity",
-                    SourceError(f"the recorded source tensor {name!r} is missing", path=spec),
+                    SourceError(
+                        f"the recorded source tensor {name!r} is missing",
+                        kind="source_mismatch",
+                        path=spec,
+                    ),
                 )
             )
         elif sinfo.dtype != rec.dtype or tuple(sinfo.shape) != tuple(rec.shape):
@@ -866,6 +881,7 @@ def _prepare_source(
                     SourceError(
                         f"source tensor {name!r} is {sinfo.dtype} {list(sinfo.shape)}, recorded "
                         f"as {rec.dtype} {list(rec.shape)}",
+                        kind="source_mismatch",
                         path=spec,
                     ),
                 )
@@ -977,17 +993,17 @@ def _artifact_level_findings(art: Artifact) -> list[Finding]:
 def _recipe_digest_findings(art: Artifact) -> list[Finding]:
     """``recipe.digest`` against the recorded recipe text: ``sha256:<hex>`` of its UTF-8
     bytes, the definition of :attr:`ninfer_convert.recipe.Recipe.digest`."""
-    import hashlib
+    from ..container.wire import RECIPE_DIGEST_ALGORITHM, recipe_digest
 
     recipe = art.meta.recipe
     algorithm, sep, recorded = recipe.digest.partition(":")
-    if not sep or algorithm != "sha256":
+    if not sep or algorithm != RECIPE_DIGEST_ALGORITHM:
         message = (
             f"recipe.digest {recipe.digest[:80]!r} is not 'sha256:<hex>', the only form verify "
             "can check, so the recorded recipe text is unprotected"
         )
     else:
-        actual = hashlib.sha256(recipe.text.encode("utf-8")).hexdigest()
+        actual = recipe_digest(recipe.text).partition(":")[2]
         if actual == recorded:
             return []
         message = (

@@ -48,7 +48,7 @@ CHECK_ORDER: tuple[str, ...] = (
     "source-words",
     "oracle-sample",
 )
-"""The checks in the order they are reported (issue 5, steps 1-5)."""
+"""The checks in the order they are reported (docs/cli.md "What it checks")."""
 
 CHECK_DESCRIPTIONS: dict[str, str] = {
     "structure": "header schema, registry identities, geometry, placement, shard identity "
@@ -120,7 +120,9 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem.  ``error`` is the class name of the typed error it corresponds to."""
+    """One problem.  ``error`` is the class name of the typed error it corresponds to, ``kind``
+    its stable failure kind (:data:`ninfer_convert.errors.KINDS`); ``rule`` and ``where`` are
+    the error's normative rule and location."""
 
     check: str
     error: str
@@ -129,6 +131,9 @@ class Finding:
     path: str | None = None
     tensor: str | None = None
     mismatch: Mismatch | None = None
+    kind: str = NinferError.default_kind
+    rule: str | None = None
+    where: str | None = None
 
     @staticmethod
     def of(check: str, exc: NinferError, mismatch: Mismatch | None = None) -> Finding:
@@ -140,6 +145,9 @@ class Finding:
             path=exc.path,
             tensor=exc.tensor,
             mismatch=mismatch,
+            kind=exc.kind,
+            rule=exc.rule,
+            where=exc.where,
         )
 
     def render(self) -> str:
@@ -148,16 +156,23 @@ class Finding:
             where.append(self.path)
         if self.tensor is not None:
             where.append(f"tensor {self.tensor!r}")
+        if self.where is not None:
+            where.append(self.where)
+        if self.rule is not None:
+            where.append(f"rule {self.rule}")
         return (": ".join(where) + ": " if where else "") + self.message
 
     def to_json(self) -> dict[str, Any]:
         return {
             "check": self.check,
             "error": self.error,
+            "kind": self.kind,
             "exit_code": self.exit_code,
             "message": self.message,
             "path": self.path,
             "tensor": self.tensor,
+            "rule": self.rule,
+            "where": self.where,
             "mismatch": None if self.mismatch is None else self.mismatch.to_json(),
         }
 
