@@ -23,10 +23,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import best_of, machine
 
+from ninfer_convert.derive.fused import encode_pack_grouped
 from ninfer_convert.encoder import encode_grouped_words
 from ninfer_convert.encoder.host import native_available, native_mse_available
 from ninfer_convert.formats import MSE_F16_SEARCH_V1
-from ninfer_convert.fused import encode_pack_grouped
 from ninfer_convert.layouts.row_split import native_packer_available
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]

@@ -25,12 +25,14 @@ from .errors import UsageError
 from .formats import lookup_format
 from .recipe import Plan, padding_warnings
 from .recipe.cost import WARNINGS_SHOWN
-from .source import SideFileSource
+from .signing import SIGNATURE_NAME
+from .source import SideFileSource, SourceCheckpoint
 
 __all__ = [
     "README_NAME",
     "SOURCE_README_NAME",
     "add_text_file",
+    "copied_side_files",
     "render_readme",
     "side_file_names",
 ]
@@ -234,3 +236,14 @@ def render_readme(
         "",
     ]
     return "\n".join(lines)
+
+
+def copied_side_files(plan: Plan, src: SourceCheckpoint) -> list[tuple[SideFileSource, str]]:
+    """(source file, name in the model directory) of every side file convert copies."""
+    # A signed source's model.sig covers the source's files, not the artifact's: copied, it
+    # would pass for the artifact's signature (and 'sign --force' would change a side file).
+    return [
+        (path, name)
+        for path, name in side_file_names(plan, src.side_files)
+        if name.casefold() != SIGNATURE_NAME  # MODEL.SIG is model.sig on macOS and Windows
+    ]

@@ -342,7 +342,7 @@ def test_cuda_device_still_encodes_the_profile_on_the_host(
 ) -> None:
     # convert encodes the profile on the host: with device "cuda" its tensors take the host path, so
     # nothing here may reach torch (which would fail on a machine without CUDA anyway).
-    from ninfer_convert import convert
+    from ninfer_convert import convert, derive
     from ninfer_convert.encoder import torch_backend
 
     _, words = _convert(tmp_path, MSE)
@@ -353,10 +353,10 @@ def test_cuda_device_still_encodes_the_profile_on_the_host(
     monkeypatch.setattr(torch_backend, "encode_torch", no_torch)
     src, plan = convert.plan_conversion(tmp_path / "src", tmp_path / f"{MSE}.yaml")
     (entry,) = plan.entries
-    cuda = convert.derive_packed(entry, src, device="cuda")
-    cpu = convert.derive_packed(entry, src, device="cpu")
+    cuda = derive.derive_packed(entry, src, device="cuda")
+    cpu = derive.derive_packed(entry, src, device="cpu")
     assert [p.tobytes() for p in cuda.planes] == [p.tobytes() for p in cpu.planes]
-    derived = convert.derive_logical(entry, src, device="cuda")
+    derived = derive.derive_logical(entry, src, device="cuda")
     assert derived.device == "cpu"
     ref = encode_grouped_words(words, "BF16", "Q4G64_F16S", backend="oracle", profile=MSE)
     assert isinstance(derived.logical, GroupedCodes)

@@ -26,6 +26,7 @@ from hypothesis.extra import numpy as hnp
 from parity import assert_same_encoding
 
 from ninfer_convert import encode_grouped_words
+from ninfer_convert.derive.fused import encode_pack_grouped
 from ninfer_convert.encoder import host
 from ninfer_convert.encoder.common import to_f32
 from ninfer_convert.encoder.corpus import failing_corpus, mse_boundary_corpus
@@ -40,7 +41,6 @@ from ninfer_convert.encoder.mse_reference import (
 from ninfer_convert.encoder.oracle import BINARY16, BINARY32, decode_binary
 from ninfer_convert.errors import EncodeError, UsageError
 from ninfer_convert.formats import FORMATS, MSE_F16_SEARCH_V1, NumericFormat
-from ninfer_convert.fused import encode_pack_grouped
 from ninfer_convert.logical import GroupedCodes
 from ninfer_convert.native import optional_module
 

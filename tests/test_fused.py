@@ -7,9 +7,9 @@ import pytest
 import xxhash
 
 from ninfer_convert import encode_grouped_words
+from ninfer_convert.derive.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.errors import EncodeError
 from ninfer_convert.formats import FORMATS
-from ninfer_convert.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.layouts import lookup_layout
 
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]

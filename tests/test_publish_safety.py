@@ -566,12 +566,12 @@ def _no_space(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
 def test_too_little_space_is_refused_before_reading_the_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import ninfer_convert.convert as convert_mod
+    import ninfer_convert.derive.entry as derive_entry
 
     def no_reads(*a: Any, **k: Any) -> Any:
         raise AssertionError("the source was read")
 
-    monkeypatch.setattr(convert_mod, "materialize", no_reads)
+    monkeypatch.setattr(derive_entry, "materialize", no_reads)
     _no_space(monkeypatch, 1000)
     out = tmp_path / "out"
     code, _, err = _convert(["--output", str(out)], capsys)

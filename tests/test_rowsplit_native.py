@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ninfer_convert.derive.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.errors import UsageError
 from ninfer_convert.formats import FORMATS, NumericFormat
-from ninfer_convert.fused import encode_pack_grouped, equals_packed_grouped
 from ninfer_convert.layouts import lookup_layout
 from ninfer_convert.layouts.row_split import (
     ROW_SPLIT_K128_V1,

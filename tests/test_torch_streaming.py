@@ -1,4 +1,4 @@
-"""The torch (CUDA) path streams: :func:`~ninfer_convert.fused.encode_pack_torch` encodes a
+"""The torch (CUDA) path streams: :func:`~ninfer_convert.derive.fused.encode_pack_torch` encodes a
 row block at a time with the torch backend and stores each packed block before the next one
 starts, with the bytes of the host path.  Runs on torch's CPU device (the same code as CUDA
 apart from the stager); a CUDA variant runs where a GPU is present."""
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from ninfer_convert import convert
+from ninfer_convert.derive import entry as entry_module
+from ninfer_convert.derive.fused import encode_pack_grouped, encode_pack_torch
 from ninfer_convert.errors import EncodeError
-from ninfer_convert.fused import encode_pack_grouped, encode_pack_torch
 
 torch = pytest.importorskip("torch")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -90,10 +91,10 @@ def test_convert_torch_path_streams_the_host_bytes_and_spot_checks_each_block(
     )
     src, plan = convert.plan_conversion(src_dir, recipe)
     (entry,) = plan.entries
-    want = convert.derive_packed(entry, src, device="cpu").planes
+    want = entry_module.derive_packed(entry, src, device="cpu").planes
     sink = _Recording([p.size for p in want])
     out = [np.zeros_like(p) for p in want]
-    packed = convert._packed_torch(entry, src, "cpu", out, sink, seed=1)
+    packed = entry_module._packed_torch(entry, src, "cpu", out, sink, seed=1)
     assert [p.tobytes() for p in sink.planes] == [p.tobytes() for p in want]
     # 300 rows of 1024 in one 16 M-value block: 4 spot-checked rows.
     assert packed.spot_rows == 4

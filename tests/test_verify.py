@@ -678,7 +678,7 @@ def test_identity_findings_are_not_repeated_when_a_re_derivation_fails(
     # A tensor that differs is derived a second time to locate the differences; when that
     # fails (say the source changed in between), its source digests are read again, and a
     # finding the first read made ("records no digest") must not be reported twice.
-    import ninfer_convert.convert as convert_module
+    import ninfer_convert.derive.entry as entry_module
     from ninfer_convert.errors import SourceError
 
     art = copy_artifact(synthetic[2], tmp_path / "a")
@@ -690,14 +690,14 @@ def test_identity_findings_are_not_repeated_when_a_re_derivation_fails(
     rewrite_header(container, drop_digest)
     _, offset, _ = plane_offset(art, "emb.weight", "lo4")  # Q6: lo4, hi2, scales
     patch_bytes(art, lambda path, data: data.__setitem__(offset, data[offset] ^ 0x01))
-    real = convert_module.derive_packed
+    real = entry_module.derive_packed
 
     def derive_packed(entry: object, *args: object, **kwargs: object) -> object:
         if getattr(entry, "output", None) == "emb.weight":
             raise SourceError("source changed during the check", tensor="emb.weight")
         return real(entry, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(convert_module, "derive_packed", derive_packed)
+    monkeypatch.setattr(entry_module, "derive_packed", derive_packed)
     report = run(art)
     identity = [f.message for f in report.check("source-identity").findings]
     assert len([m for m in identity if "records no digest" in m]) == 1, identity

@@ -309,7 +309,7 @@ def error_stats(
 
 
 class BlockStats:
-    """Error statistics accumulated from encoded row blocks (a ``fused.BlockHook``).
+    """Error statistics accumulated from encoded row blocks (a ``derive.fused.BlockHook``).
 
     Blocks may arrive from several threads in any order; each block's sums are kept by its
     first row and added in row order at the end, so the result does not depend on scheduling.

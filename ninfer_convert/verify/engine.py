@@ -15,7 +15,7 @@ Contract of :func:`verify_artifact`:
   logical_problems` of every tensor), then against the source when one is used:
   ``source-identity`` (recorded weight files and sizes, ``config``, the side-file list with
   sizes and digests, per-tensor dtype, shape and digest), ``source-words`` (every
-  tensor equals :func:`ninfer_convert.convert.derive_logical` of its plan entry bit for bit: the
+  tensor equals :func:`ninfer_convert.derive.derive_logical` of its plan entry bit for bit: the
   re-encode of grouped tensors with their encoder profile, the copied NVFP4 / FP8 words, direct
   words with the recorded conversion re-applied, re-derived concat/transpose) and
   ``oracle-sample`` (sampled groups of every grouped tensor re-encoded with the exact reference
@@ -105,7 +105,7 @@ from .report import (
 )
 
 if TYPE_CHECKING:  # imported lazily at run time (recipe and source pull in more)
-    from ..convert import PackedTensor
+    from ..derive import PackedTensor
     from ..recipe import EncodeInput, Plan, PlanEntry
     from ..source import SourceCheckpoint
 
@@ -232,7 +232,7 @@ class _SourceContext:
     recorded: Mapping[str, str]
     """Recorded source digests by source tensor name."""
     device: str
-    """'cpu' or 'cuda', as :func:`ninfer_convert.convert.resolve_device` returns it."""
+    """'cpu' or 'cuda', as :func:`ninfer_convert.derive.resolve_device` returns it."""
     threads: int
     oracle_groups: int
     seed: int
@@ -369,7 +369,7 @@ def _check_tensor(
 
     With a source, the tensor is re-derived first and packed with its registered layout; when
     the packed planes equal the stored planes byte for byte, the stored logical words are the
-    re-derived ones, which :func:`~ninfer_convert.convert.derive_logical` has already validated
+    re-derived ones, which :func:`~ninfer_convert.derive.derive_logical` has already validated
     (so the value check holds) and nothing needs decoding.  Otherwise the stored tensor is
     decoded by the reader, value-checked, and compared word by word to locate every
     difference.  Without a source (or when re-deriving fails) it is decoded and value-checked.
@@ -382,7 +382,7 @@ def _check_tensor(
     if ctx is None or entry is None:  # no source, or reported once by the inventory check
         _read_and_check_values(art, name, out)
         return out
-    from ..convert import (  # convert's own derivation
+    from ..derive.entry import (  # convert's own derivation
         derive_packed,
         host_grouped_equals,
         host_stream_equals,
@@ -616,13 +616,13 @@ def _source_side_files(
     plan: Plan, src: SourceCheckpoint
 ) -> tuple[dict[str, os.PathLike[str]], set[str]]:
     """(the side files convert copies from ``src`` by their name in the artifact, the names
-    convert generates itself): convert's own list (``_copied_side_files``: the card naming of
-    :func:`~ninfer_convert.card.side_file_names`, without the source's ``model.sig``)."""
-    from ..card import README_NAME
-    from ..convert import _copied_side_files
+    convert generates itself): convert's own list (:func:`~ninfer_convert.card.copied_side_files`:
+    the card naming of :func:`~ninfer_convert.card.side_file_names`, without the source's
+    ``model.sig``)."""
+    from ..card import README_NAME, copied_side_files
 
     copied: dict[str, os.PathLike[str]] = {
-        name: source for source, name in _copied_side_files(plan, src)
+        name: source for source, name in copied_side_files(plan, src)
     }
     generated = {README_NAME} if plan.recipe.output.readme else set()
     if any(needs_importance(e) for e in plan.entries):
@@ -954,7 +954,7 @@ def _prepare_source(
     # and files, transforms): a finding, and the words are still compared.
     words += _recorded_metadata_findings(art, entries, bad)
     usable = {n: e for n, e in entries.items() if n in art.tensors and n not in bad}
-    from ..convert import resolve_device
+    from ..derive import resolve_device
 
     ctx = _SourceContext(
         source=src,
@@ -1017,9 +1017,9 @@ def _recorded_metadata_findings(
     art: Artifact, entries: Mapping[str, PlanEntry], skip: set[str | None]
 ) -> list[Finding]:
     """Each stored tensor's ``role`` and whole ``provenance`` against what convert records
-    for its plan entry (:func:`ninfer_convert.convert.provenance_of`, the one definition)."""
+    for its plan entry (:func:`ninfer_convert.derive.provenance_of`, the one definition)."""
     from ..container.schema import Provenance, SchemaError
-    from ..convert import provenance_of
+    from ..derive import provenance_of
 
     findings: list[Finding] = []
     for name, entry in entries.items():
@@ -1088,7 +1088,7 @@ def verify_artifact(
         raise UsageError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
     path = check_artifact_path(artifact)
     if device == "cuda":
-        from ..convert import resolve_device
+        from ..derive import resolve_device
 
         resolve_device(device)  # a usage error without a GPU, before any check runs
     if source is not None and not _source_exists(os.fspath(source)):

@@ -27,17 +27,17 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from .encoder.common import check_words, grouped_format
-from .encoder.host import ErrorSums, encode_rows
-from .encoder.host import native_available as native_encoder_available
-from .encoder.numpy_backend import CHUNK_ELEMENTS
-from .formats import MAXABS_F16_RECIP_RNE_V1, NumericFormat
-from .layouts import PlaneSpec, lookup_layout
-from .layouts.base import ceil_div
-from .layouts.row_split import BlockResult, RowSplitK128, native_packer_available
-from .logical import GroupedCodes
-from .recipe.materialize import DerivedWords
-from .validate import grouped_problems
+from ..encoder.common import check_words, grouped_format
+from ..encoder.host import ErrorSums, encode_rows
+from ..encoder.host import native_available as native_encoder_available
+from ..encoder.numpy_backend import CHUNK_ELEMENTS
+from ..formats import MAXABS_F16_RECIP_RNE_V1, NumericFormat
+from ..layouts import PlaneSpec, lookup_layout
+from ..layouts.base import ceil_div
+from ..layouts.row_split import BlockResult, RowSplitK128, native_packer_available
+from ..logical import GroupedCodes
+from ..recipe.materialize import DerivedWords
+from ..validate import grouped_problems
 
 __all__ = [
     "BLOCK_ELEMENTS",
@@ -140,7 +140,7 @@ def encode_pack_torch(
     (``"cuda"`` in convert; ``"cpu"`` runs the same code in CI) one row block at a time and
     packed into ``out`` (or handed to ``sink.write``, as there).  ``on_block`` sees each block
     (sums ``None``), e.g. to spot-check rows on the host.  Errors name tensor rows."""
-    from .encoder.torch_backend import encode_torch
+    from ..encoder.torch_backend import encode_torch
 
     specs, strides = _plane_geometry(words, source_dtype, fmt_name)
     if [int(p.size) for p in out] != [spec.nbytes for spec in specs]:
