@@ -11,13 +11,11 @@ Contract:
   planes in the output in plan order (:meth:`~.container.ArtifactWriter.reserve`), worker
   threads derive, encode and pack the tensors a row block at a time straight into their
   reserved planes, and the calling thread completes them in plan order, so the artifact is
-  byte-identical for any ``jobs`` and device.  Work in flight is bounded by source bytes (at
-  most the largest tensor's bytes, or 256 MiB when that is larger; page cache, since sources
-  are mapped) and by :data:`_MAX_INFLIGHT_TENSORS` tasks.  Consecutive small entries (at
-  most :data:`_SMALL_ENTRY_BYTES` source bytes each) travel as one task of at most
-  :data:`_BATCH_ENTRIES` entries or :data:`_BATCH_BYTES` source bytes, derived one after
-  the other by one worker (one future and one hand-over between threads per batch, not per
-  tensor); every other entry is a task of its own.  On the host paths (direct formats,
+  byte-identical for any ``jobs`` and device.  The workers, the read-ahead window, the bound
+  on work in flight (source bytes: at most the largest tensor's bytes, or 256 MiB when that
+  is larger; page cache, since sources are mapped; and a task count) and the batching of
+  consecutive small entries into one task are :mod:`.scheduler`'s, shared with verify; a
+  batch's entries are derived one after the other by one worker.  On the host paths (direct formats,
   conversions, derivations, copy paths, grouped encoding) a worker holds a few blocks, never a
   tensor or a plane, so peak memory follows the block size, not the tensor or the model.  The
   CUDA path still packs a tensor whole before storing it.  Everything is staged by
@@ -51,12 +49,12 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -93,8 +91,8 @@ from .importance import (
     needs_importance,
     stored_vectors,
 )
-from .readahead import ReadAheadWindow
 from .recipe import Plan, PlanEntry, Recipe, build_plan
+from .scheduler import Batch, batches, bounded, inflight_budget, worker_pool
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
 from .source.hf_cache import cached_identity, repo_json
@@ -109,18 +107,6 @@ __all__ = [
 ]
 
 PRODUCER_NAME = "ninfer-convert"
-_MIN_INFLIGHT_BYTES = 256 << 20
-_MAX_INFLIGHT_TENSORS = 64
-"""Tasks in flight at most (a task: one tensor, or a batch of small ones).  Each tensor holds a
-mapping of its source (and of its reserved planes) while it is derived, so without a count
-bound 100,000 tiny tensors were all in flight at once (one open file each, and 'Too many open
-files'); a batch holds at most 1 MiB of small tensors, read with ``pread`` up to 64 KiB."""
-# Small-entry batching (see the module contract).  Why: with one task per one-element tensor
-# the futures, queue hand-overs and GIL switches between the calling thread and the workers
-# cost more than the tensors themselves (about 370 us per tensor at 100,000 tensors).
-_SMALL_ENTRY_BYTES = 256 << 10
-_BATCH_ENTRIES = 256
-_BATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -363,71 +349,6 @@ def check_output(
 # the streaming pipeline
 
 
-class _Sized(Protocol):
-    @property
-    def source_bytes(self) -> int: ...
-
-
-_T = TypeVar("_T", bound=_Sized)
-_R = TypeVar("_R")
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """Consecutive plan entries derived by one worker task, in plan order."""
-
-    entries: tuple[PlanEntry, ...]
-    source_bytes: int
-
-
-def _batches(entries: Sequence[PlanEntry]) -> Iterator[_Batch]:
-    """Group consecutive entries of at most :data:`_SMALL_ENTRY_BYTES` source bytes into
-    batches of at most :data:`_BATCH_ENTRIES` entries and :data:`_BATCH_BYTES` bytes; any
-    larger entry is a batch of its own (it keeps the row-block path and its own task)."""
-    run: list[PlanEntry] = []
-    run_bytes = 0
-    for entry in entries:
-        small = entry.source_bytes <= _SMALL_ENTRY_BYTES
-        if run and (
-            not small or len(run) >= _BATCH_ENTRIES or run_bytes + entry.source_bytes > _BATCH_BYTES
-        ):
-            yield _Batch(tuple(run), run_bytes)
-            run, run_bytes = [], 0
-        if small:
-            run.append(entry)
-            run_bytes += entry.source_bytes
-        else:
-            yield _Batch((entry,), entry.source_bytes)
-    if run:
-        yield _Batch(tuple(run), run_bytes)
-
-
-def _bounded(
-    items: Iterable[_T],
-    submit: Callable[[_T], Future[_R]],
-    budget: int,
-    max_items: int = _MAX_INFLIGHT_TENSORS,
-) -> Iterator[tuple[_T, Future[_R]]]:
-    """Yield (item, future) in order, keeping in-flight source bytes within ``budget``
-    (a single item larger than the budget runs alone) and at most ``max_items`` items in
-    flight (each holds mappings of its sources: tiny tensors would otherwise all be in flight
-    at once, with one open file each)."""
-    window: deque[tuple[_T, Future[_R]]] = deque()
-    inflight = 0
-    it = iter(items)
-    pending: _T | None = next(it, None)
-    while window or pending is not None:
-        while pending is not None and (
-            not window or (inflight + pending.source_bytes <= budget and len(window) < max_items)
-        ):
-            window.append((pending, submit(pending)))
-            inflight += pending.source_bytes
-            pending = next(it, None)
-        item, fut = window.popleft()
-        yield item, fut
-        inflight -= item.source_bytes
-
-
 def convert_checkpoint(
     source: str | Path | SourceCheckpoint,
     recipe: str | Path | Recipe,
@@ -464,7 +385,7 @@ def convert_checkpoint(
 
     total_bytes = sum(e.source_bytes for e in plan.entries)
     largest = max((e.source_bytes for e in plan.entries), default=0)
-    budget = max(largest, _MIN_INFLIGHT_BYTES)
+    budget = inflight_budget(largest)
     digests: dict[str, str] = {}
     done = 0
     done_bytes = 0
@@ -509,22 +430,21 @@ def convert_checkpoint(
         # reference counting frees it all (see paused_gc).
         with (
             paused_gc(),
-            ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-encode") as pool,
-        ):
             # Cold source reads of the entries ahead overlap the encoding (page cache only).
-            ahead = ReadAheadWindow(
+            worker_pool(
                 plan.entries,
-                lambda entry: entry.source_bytes,
-                lambda entry: src.prefetch(s.name for s in entry.sources),
-                min_items=jobs,
-            )
-            position = {entry.output: i for i, entry in enumerate(plan.entries)}
-
+                jobs=jobs,
+                thread_name="ninfer-encode",
+                key=_output_name,
+                nbytes=_source_bytes,
+                prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
+            ) as workers,
+        ):
             reserved: deque[Reservation] = deque()
 
-            def submit(batch: _Batch) -> Future[list[PackedTensor]]:
+            def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:
                 tasks: list[_Task] = []
-                for entry in batch.entries:
+                for entry in batch.items:
                     # Deterministic per tensor, whatever the scheduling: which rows get
                     # spot-checked.
                     seed = zlib.crc32(entry.output.encode())
@@ -542,13 +462,14 @@ def convert_checkpoint(
                     tasks.append((entry, seed, res.planes, res.sink))
                 # One read-ahead top-up per batch: started() requests every entry up to the
                 # batch's last one.
-                started = partial(ahead.started, position[batch.entries[-1].output])
-                return pool.submit(_guarded, cancel, started, tasks, src, used_device, jobs)
+                started = partial(workers.started, batch)
+                return workers.pool.submit(_guarded, cancel, started, tasks, src, used_device, jobs)
 
+            window = bounded(batches(plan.entries, _source_bytes), submit, budget, _batch_bytes)
             try:
-                for batch, fut in _bounded(_batches(plan.entries), submit, budget):
+                for batch, fut in window:
                     results = fut.result()
-                    for entry, packed in zip(batch.entries, results, strict=True):
+                    for entry, packed in zip(batch.items, results, strict=True):
                         digests.update(packed.source_digests)
                         spot_rows += packed.spot_rows
                         info = writer.complete(reserved.popleft())
@@ -594,6 +515,18 @@ def convert_checkpoint(
         signature=replace(signed[0], path=str(Path(out) / SIGNATURE_NAME)) if signed else None,
         notices=tuple(writer.notes),
     )
+
+
+def _output_name(entry: PlanEntry) -> str:
+    return entry.output
+
+
+def _source_bytes(entry: PlanEntry) -> int:
+    return entry.source_bytes
+
+
+def _batch_bytes(batch: Batch[PlanEntry]) -> int:
+    return batch.nbytes
 
 
 _Task = tuple[PlanEntry, int, list[npt.NDArray[np.uint8]], PlaneSink]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer_convert.convert import _batches, _bounded, convert_checkpoint
-from ninfer_convert.verify.engine import _batches as _verify_batches
+from ninfer_convert.convert import convert_checkpoint
+from ninfer_convert.scheduler import batches, bounded
 from ninfer_convert.verify.engine import verify_artifact
 
 RECIPE = """\
@@ -87,15 +87,11 @@ def test_small_entries_are_batched_in_plan_order() -> None:
 
     sizes = [2] * 600 + [300 << 10] + [200 << 10] * 7 + [256 << 10, 0, 5]
     entries = [Entry(i, n) for i, n in enumerate(sizes)]
-    batches = list(_batches(entries))  # type: ignore[arg-type]
-    assert [e for b in batches for e in b.entries] == entries
-    assert [len(b.entries) for b in batches] == [256, 256, 88, 1, 5, 5]
-    assert all(b.source_bytes == sum(e.source_bytes for e in b.entries) for b in batches)
-    assert all(b.source_bytes <= 1 << 20 or len(b.entries) == 1 for b in batches)
-    names = [f"t{i}" for i in range(len(sizes))]
-    assert [len(b) for b in _verify_batches(names, lambda n: sizes[int(n[1:])])] == [
-        256, 256, 88, 1, 5, 5,
-    ]  # fmt: skip
+    grouped = list(batches(entries, lambda e: e.source_bytes))
+    assert [e for b in grouped for e in b.items] == entries
+    assert [len(b.items) for b in grouped] == [256, 256, 88, 1, 5, 5]
+    assert all(b.nbytes == sum(e.source_bytes for e in b.items) for b in grouped)
+    assert all(b.nbytes <= 1 << 20 or len(b.items) == 1 for b in grouped)
 
 
 def test_in_flight_window_is_bounded_in_tensors_as_well_as_bytes() -> None:
@@ -115,7 +111,8 @@ def test_in_flight_window_is_bounded_in_tensors_as_well_as_bytes() -> None:
         fut.set_result(None)
         return fut
 
-    for done, _ in enumerate(_bounded(entries, submit, 1 << 30, max_items=8), start=1):
+    window = bounded(entries, submit, 1 << 30, lambda e: e.source_bytes, max_items=8)
+    for done, _ in enumerate(window, start=1):
         most = max(most, submitted - done + 1)
     assert submitted == 1000
     assert most <= 8

@@ -716,7 +716,7 @@ def test_tensors_that_differ_are_rederived_within_the_byte_budget(
     # stay within the budget (or one tensor runs alone), and nothing deadlocks.
     import threading
 
-    from ninfer_convert.verify import engine
+    from ninfer_convert import scheduler
 
     art = copy_artifact(synthetic[2], tmp_path / "a")
     planes = {"emb.weight": "lo4", "mlp.up.weight": "lo4", "attn.x.weight": "codes",
@@ -728,15 +728,15 @@ def test_tensors_that_differ_are_rederived_within_the_byte_budget(
             data[offset] ^= 0x01
 
     patch_bytes(art, flip)
-    monkeypatch.setattr(engine, "_MIN_INFLIGHT_BYTES", 1)  # budget = the largest tensor
+    monkeypatch.setattr(scheduler, "MIN_INFLIGHT_BYTES", 1)  # budget = the largest tensor
     peaks: list[tuple[int, int, int]] = []
-    acquire = engine._ByteBudget.acquire
+    acquire = scheduler.ByteBudget.acquire
 
-    def recording_acquire(self: engine._ByteBudget, cost: int) -> None:
+    def recording_acquire(self: scheduler.ByteBudget, cost: int) -> None:
         acquire(self, cost)
         peaks.append((self.inflight, cost, self.budget))
 
-    monkeypatch.setattr(engine._ByteBudget, "acquire", recording_acquire)
+    monkeypatch.setattr(scheduler.ByteBudget, "acquire", recording_acquire)
     result: list[VerifyReport] = []
     worker = threading.Thread(target=lambda: result.append(run(art, jobs=jobs)), daemon=True)
     worker.start()

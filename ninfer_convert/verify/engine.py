@@ -40,9 +40,11 @@ Contract of :func:`verify_artifact`:
   tensor is admitted at no cost); only a tensor that differs is derived whole, decoded by the
   reader and compared word by word.  The stored planes and source bytes of the tensors ahead
   are read into the page cache in the background (:mod:`ninfer_convert.readahead`).
-  Consecutive small tensors (see :func:`_batches`) are checked one after the other by one
-  worker task; each is still checked, admitted and reported on its own.  Results are
-  deterministic: findings are ordered by check, then by stored tensor order, whatever the
+  Consecutive small tensors (:func:`ninfer_convert.scheduler.batches`, the scheduler convert
+  uses too) are checked one after the other by one worker task; each is still checked,
+  admitted and reported on its own.  At most
+  :data:`~ninfer_convert.scheduler.MAX_INFLIGHT_ITEMS` tasks are submitted at a time.  Results
+  are deterministic: findings are ordered by check, then by stored tensor order, whatever the
   scheduling.
 * ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
   from the workers; it must be thread-safe and cheap.
@@ -58,7 +60,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -91,7 +93,7 @@ from ..importance import (
 from ..jsonlimits import nesting_problem
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
-from ..readahead import ReadAheadWindow
+from ..scheduler import Batch, ByteBudget, batches, bounded, inflight_budget, worker_pool
 from ..validate import logical_problems
 from .compare import BlockStats, compare_logical, error_stats, oracle_sample
 from .report import (
@@ -123,8 +125,6 @@ DEFAULT_ORACLE_GROUPS = 16
 """Groups per grouped tensor re-encoded with the oracle (about 4 ms each for G = 64)."""
 DEFAULT_SEED = 0x5EED
 """Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
-_MIN_INFLIGHT_BYTES = 256 << 20
-"""Bytes in flight below which jobs never wait for each other (convert's budget rule)."""
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -1235,28 +1235,6 @@ def verify_artifact(
     )
 
 
-class _ByteBudget:
-    """Admit work while the bytes in flight stay within ``budget``; one item larger than the
-    budget runs alone (the same rule as convert's pipeline, so peak memory follows the largest
-    tensor, not the number of jobs times the largest tensor)."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.inflight = 0
-        self.cond = threading.Condition()
-
-    def acquire(self, cost: int) -> None:
-        with self.cond:
-            while self.inflight and self.inflight + cost > self.budget:
-                self.cond.wait()
-            self.inflight += cost
-
-    def release(self, cost: int) -> None:
-        with self.cond:
-            self.inflight -= cost
-            self.cond.notify_all()
-
-
 def _run_tensors(
     art: Artifact,
     names: list[str],
@@ -1295,9 +1273,7 @@ def _run_tensors(
     # Sized for the largest tensor whatever its admission cost: a block-compared tensor that
     # differs reserves its source bytes later.
     largest = max((max(costs[n], source_bytes(n)) for n in names), default=0)
-    budget = _ByteBudget(max(largest, _MIN_INFLIGHT_BYTES))
-
-    position = {n: i for i, n in enumerate(names)}
+    budget = ByteBudget(inflight_budget(largest))
     sizes = {n: art.tensors[n].nbytes + source_bytes(n) for n in names}
     stored_and_source_bytes = sizes.__getitem__
 
@@ -1306,10 +1282,6 @@ def _run_tensors(
         entry = entry_of(name)
         if ctx is not None and entry is not None:
             ctx.source.prefetch(s.name for s in entry.sources)
-
-    # Cold reads (stored planes and source) of the tensors ahead overlap the re-encoding, as
-    # convert does for its source; page cache only, so the window costs no process memory.
-    ahead = ReadAheadWindow(names, stored_and_source_bytes, prefetch, min_items=jobs)
 
     def work(name: str) -> _TensorOutcome:
         nonlocal done
@@ -1334,44 +1306,35 @@ def _run_tensors(
         emit("tensors", count, total, name)
         return result
 
-    def work_batch(batch: list[str]) -> list[_TensorOutcome]:
-        # One read-ahead top-up per batch: started() requests every tensor up to the last.
-        ahead.started(position[batch[-1]])
-        return [work(n) for n in batch]
+    # Cold reads (stored planes and source) of the tensors ahead overlap the re-encoding, as
+    # convert does for its source; page cache only, so the window costs no process memory.
+    with worker_pool(
+        names,
+        jobs=jobs,
+        thread_name="ninfer-verify",
+        key=str,
+        nbytes=stored_and_source_bytes,
+        prefetch=prefetch,
+    ) as workers:
 
-    batches = _batches(names, lambda n: max(costs[n], stored_and_source_bytes(n)))
-    if jobs == 1 or total <= 1:
-        return [o for b in batches for o in work_batch(b)]
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ninfer-verify") as pool:
-        # map keeps the stored order of the results whatever order the workers finish in.
-        return [o for outcomes in pool.map(work_batch, batches) for o in outcomes]
+        def work_batch(batch: Batch[str]) -> list[_TensorOutcome]:
+            # One read-ahead top-up per batch: started() requests every tensor up to the last.
+            workers.started(batch)
+            return [work(n) for n in batch.items]
+
+        tasks = batches(names, lambda n: max(costs[n], stored_and_source_bytes(n)))
+        if jobs == 1 or total <= 1:
+            return [o for b in tasks for o in work_batch(b)]
+
+        # Bytes are admitted by the workers (``budget``: a tensor that differs reserves more
+        # while it runs), so the submission window bounds the task count only.
+        def submit(batch: Batch[str]) -> Future[list[_TensorOutcome]]:
+            return workers.pool.submit(work_batch, batch)
+
+        window = bounded(tasks, submit, 0, _no_cost)
+        # In stored order, whatever order the workers finish in.
+        return [o for _, fut in window for o in fut.result()]
 
 
-_SMALL_TENSOR_BYTES = 256 << 10
-_BATCH_TENSORS = 256
-_BATCH_BYTES = 1 << 20
-
-
-def _batches(names: list[str], nbytes: Callable[[str], int]) -> list[list[str]]:
-    """Consecutive tensors of at most :data:`_SMALL_TENSOR_BYTES` (stored plus source bytes,
-    or admission cost when larger) checked by one worker task, at most :data:`_BATCH_TENSORS`
-    of them and :data:`_BATCH_BYTES` bytes; every larger tensor is a task of its own.  Why:
-    one task per tiny tensor made the futures and the hand-overs between threads cost more
-    than the checks (about 290 us per tensor at 100,000 tensors)."""
-    out: list[list[str]] = []
-    run: list[str] = []
-    run_bytes = 0
-    for name in names:
-        size = nbytes(name)
-        small = size <= _SMALL_TENSOR_BYTES
-        if run and (not small or len(run) >= _BATCH_TENSORS or run_bytes + size > _BATCH_BYTES):
-            out.append(run)
-            run, run_bytes = [], 0
-        if small:
-            run.append(name)
-            run_bytes += size
-        else:
-            out.append([name])
-    if run:
-        out.append(run)
-    return out
+def _no_cost(batch: Batch[str]) -> int:
+    return 0
