@@ -51,12 +51,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .container import Artifact, open_artifact
+from .container import Artifact, check_artifact_path, open_artifact
 from .errors import ArtifactError, ResourceError, SourceError, UsageError
 from .loader import ArtifactStateDict, load_state_dict
 from .source import open_source
 from .source.header import loads_strict_json
-from .verify import check_artifact_path
 from .words import bf16_to_f32_words, f16_to_f32_words
 
 if TYPE_CHECKING:

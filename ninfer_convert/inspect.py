@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .container import Artifact, TensorInfo, open_artifact
+from .container import Artifact, TensorInfo, check_artifact_path, open_artifact
 from .container.wire import PRELUDE_SIZE
 from .dequant import dequantize_logical
 from .errors import UsageError
@@ -591,8 +591,6 @@ def inspect_artifact(
 ) -> InspectReport:
     """Open ``path``, summarise it (header only) and, with ``tensor``, add that tensor's
     details (which reads its values)."""
-    from .verify.engine import check_artifact_path
-
     p = check_artifact_path(path)
     with open_artifact(p) as art:
         report = summarize(art, filter=filter)

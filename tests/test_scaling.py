@@ -116,3 +116,26 @@ def test_in_flight_window_is_bounded_in_tensors_as_well_as_bytes() -> None:
         most = max(most, submitted - done + 1)
     assert submitted == 1000
     assert most <= 8
+
+
+def test_in_flight_window_keeps_bytes_within_the_budget_and_runs_a_large_item_alone() -> None:
+    from concurrent.futures import Future
+
+    sizes = [3, 3, 3, 10, 1, 1, 4, 2]
+    inflight: list[int] = []
+    peaks: list[tuple[int, int]] = []  # (bytes submitted and not collected, items of them)
+
+    def submit(size: int) -> Future[int]:
+        inflight.append(size)
+        peaks.append((sum(inflight), len(inflight)))
+        fut: Future[int] = Future()
+        fut.set_result(size)
+        return fut
+
+    collected = []
+    for size, fut in bounded(sizes, submit, 6, lambda n: n):
+        collected.append(fut.result())
+        inflight.remove(size)
+    assert collected == sizes  # in order, nothing dropped
+    assert all(total <= 6 or count == 1 for total, count in peaks), peaks
+    assert (10, 1) in peaks  # the item over the budget ran alone

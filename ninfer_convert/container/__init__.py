@@ -7,7 +7,7 @@ any consumer).
 
 from __future__ import annotations
 
-from .reader import Artifact, PlaneInfo, TensorInfo, open_artifact
+from .reader import Artifact, PlaneInfo, TensorInfo, check_artifact_path, open_artifact
 from .schema import (
     ArtifactMeta,
     ConcatTransform,
@@ -68,6 +68,7 @@ __all__ = [
     "Transform",
     "TransposeTransform",
     "WrittenTensor",
+    "check_artifact_path",
     "check_writer_alignment",
     "digest_hex",
     "open_artifact",

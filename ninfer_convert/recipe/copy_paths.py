@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +46,11 @@ from ..validate import (
     zero_row_nonzero,
 )
 from ..words import f16_to_f32_words, f32_to_bf16_rne, first_index
+from .model import SourceField
 
 if TYPE_CHECKING:
     from ..source import SourceArray, SourceTensorInfo
-    from .plan import PlanEntry
+    from .entries import PlanEntry
 
 __all__ = [
     "COPY_PATHS",
@@ -62,16 +63,6 @@ __all__ = [
     "SourceField",
 ]
 
-SourceField = Literal[
-    "input",
-    "packed-codes",
-    "block-scales",
-    "global-divisor",
-    "global-multiplier",
-    "codes",
-    "row-scales",
-]
-"""What a source tensor contributes to a plan entry (``input`` for every non-copy rule)."""
 
 PlaneBlocks = Iterator[tuple[int, npt.NDArray[np.uint8]]]
 """(plane index, bytes): every plane's bytes in order, the planes one after another."""

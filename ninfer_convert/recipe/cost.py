@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..formats import FORMATS, Category, lookup_format
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .plan import PlanEntry
+    from .entries import PlanEntry
 
 __all__ = [
     "PADDING_TOLERANCE",

@@ -23,7 +23,7 @@ from ..layouts.base import ceil_div
 
 if TYPE_CHECKING:
     from ..source import SourceArray
-    from .plan import PlanEntry
+    from .entries import PlanEntry
 
 __all__ = ["TRANSPOSE_STRIP", "TRANSPOSE_TILE", "DerivedWords", "Node", "derivation"]
 

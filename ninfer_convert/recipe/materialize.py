@@ -50,7 +50,7 @@ from ..source import SourceArray, SourceCheckpoint
 from ..words import bf16_to_f32_words, f16_to_f32_words, f32_to_bf16_rne, first_index, int_to_i32
 from .copy_paths import COPY_PATHS, PlaneBlocks
 from .derivation import DerivedWords, derivation
-from .plan import PlanEntry
+from .entries import PlanEntry
 from .tables import DIRECT_SAME_SOURCE, FINITE_ONLY, GROUPED_SOURCES
 
 __all__ = [

@@ -22,6 +22,7 @@ __all__ = [
     "RecipeProblems",
     "Rule",
     "RuleKind",
+    "SourceField",
     "SourceIdentity",
     "TransformSpec",
 ]
@@ -29,6 +30,17 @@ __all__ = [
 RuleKind = Literal["match", "copy", "derive", "skip"]
 
 _MAX_SHOWN = 200
+
+SourceField = Literal[
+    "input",
+    "packed-codes",
+    "block-scales",
+    "global-divisor",
+    "global-multiplier",
+    "codes",
+    "row-scales",
+]
+"""What a source tensor contributes to a plan entry (``input`` for every non-copy rule)."""
 
 
 @dataclass(frozen=True)

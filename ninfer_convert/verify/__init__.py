@@ -11,13 +11,13 @@ schema (documented in docs/cli.md), and :mod:`.compare` for the bit-exact compar
 
 from __future__ import annotations
 
+from ..container import check_artifact_path
 from .compare import compare_logical, error_stats, oracle_sample, sample_groups
 from .engine import (
     DEFAULT_ORACLE_GROUPS,
     DEFAULT_SEED,
     ProgressCallback,
     ProgressEvent,
-    check_artifact_path,
     verify_artifact,
 )
 from .report import (

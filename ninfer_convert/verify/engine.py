@@ -3,10 +3,11 @@
 Contract of :func:`verify_artifact`:
 
 * It raises only for a usage problem: a missing artifact path, a path that is not recognisably
-  an artifact (:func:`check_artifact_path`), a ``source`` path that does not exist, or a bad
-  option (:class:`~ninfer_convert.errors.UsageError`, exit code 2).  Everything else is a
-  :class:`~.report.Finding` in the returned :class:`~.report.VerifyReport`; no check stops at
-  its first problem, and a failing check does not stop later checks that can still run.
+  an artifact (:func:`~ninfer_convert.container.check_artifact_path`), a ``source`` path that
+  does not exist, or a bad option (:class:`~ninfer_convert.errors.UsageError`, exit code 2).
+  Everything else is a :class:`~.report.Finding` in the returned
+  :class:`~.report.VerifyReport`; no check stops at its first problem, and a failing check does
+  not stop later checks that can still run.
 * Checks, reported in this order: ``structure`` (everything :func:`open_artifact` validates,
   and no stray container file in the directory), ``integrity``
   (:meth:`Artifact.integrity_problems`, the plane digests taken per tensor by the workers, and
@@ -70,9 +71,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..container import Artifact, open_artifact
+from ..container import Artifact, check_artifact_path, open_artifact
 from ..container.schema import paused_gc
-from ..container.wire import INDEX_NAME, MAGIC, SINGLE_NAME
 from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, IntegrityError, NinferError, SourceError, UsageError
@@ -115,7 +115,6 @@ __all__ = [
     "DEFAULT_ORACLE_GROUPS",
     "DEFAULT_SEED",
     "ProgressEvent",
-    "check_artifact_path",
     "verify_artifact",
 ]
 
@@ -144,61 +143,6 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 # ---------------------------------------------------------------------------------------------
 # Paths and options
-
-
-def check_artifact_path(path: str | os.PathLike[str]) -> Path:
-    """Refuse (UsageError, exit 2) a missing path and one that is not recognisably an artifact.
-
-    Recognisable: a directory holding ``model.ninfer`` or ``model.ninfer.index.json``, a file
-    named ``*.index.json`` or ``*.ninfer``, or a file whose first bytes are (a prefix of) the
-    container magic.  A recognisable artifact that is damaged (even in its magic bytes) is not
-    a usage error: verify reports it as invalid (exit 6).
-    """
-    p = Path(path)
-    if not p.exists():
-        raise UsageError("no such file or directory", path=str(p), hint="check the artifact path")
-    if p.is_dir():
-        # lexists: a link named model.ninfer is an artifact entry the reader then refuses.
-        if not os.path.lexists(p / SINGLE_NAME) and not os.path.lexists(p / INDEX_NAME):
-            raise UsageError(
-                f"not a .ninfer artifact: the directory has no {SINGLE_NAME} or {INDEX_NAME}",
-                kind="not_an_artifact",
-                path=str(p),
-            )
-        return p
-    if p.name.endswith((".index.json", ".ninfer")):
-        return p
-    head = _read_magic(p)
-    if not head or not MAGIC.startswith(head):
-        what = f"starts with {head.hex(' ')}" if head else "is empty"
-        raise UsageError(
-            f"not a .ninfer artifact (it {what}; a container starts with {MAGIC.hex(' ')})",
-            kind="not_an_artifact",
-            path=str(p),
-            hint="pass a model.ninfer file, a shard index or the artifact directory",
-        )
-    return p
-
-
-def _read_magic(p: Path) -> bytes:
-    """The first bytes of ``p``, without blocking on a FIFO or reading a device."""
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(
-                "not a .ninfer artifact: not a regular file (a FIFO, device or socket)",
-                kind="not_an_artifact",
-                path=str(p),
-                hint="pass a model.ninfer file, a shard index or the artifact directory",
-            )
-        return os.pread(fd, len(MAGIC), 0)
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror}", path=str(p)) from None
-    finally:
-        os.close(fd)
 
 
 def _source_exists(spec: str) -> bool:
