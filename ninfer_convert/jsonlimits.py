@@ -10,9 +10,11 @@ scanner recurses once per level).
 
 The ``.ninfer`` reader is the one exception to "first": it parses first and runs the scan only
 when the parse or its schema refuses the document, because a schema-valid header is shallow by
-construction (container/reader.py ``_typed``).  :func:`scan` also counts the object members
-(colons outside strings), and :func:`compact_members` counts them without a pass over the
-string literals; that reader compares the count with its typed value to find repeated keys.
+construction (container/reader.py ``_typed``), and only while Python's recursion limit is low
+enough that the parser's C recursion cannot overflow the stack.  :func:`scan` also counts the
+object members (colons outside strings), and :func:`compact_members` counts them without a
+pass over the string literals; that reader compares the count with its typed value to find
+repeated keys.
 
 :data:`MAX_JSON_DEPTH` is far above what any real header needs (ours nest 6 levels, Hugging
 Face configs about 5) and far below Python's recursion limit.
@@ -75,18 +77,26 @@ def compact_members(text: str) -> int | None:
     Why it is exact for valid JSON: with every escaped backslash removed, a backslash-quote is
     an escaped quote, and any other quote delimits a string.  Each member is a key string whose
     closing quote is followed by its colon (no whitespace between them, which the ``None``
-    case leaves to :func:`scan`), and a quote followed by a colon anywhere else is an escaped
-    quote inside a string.  For text that is not valid JSON the number means nothing; callers
-    use it only for text the parser accepted."""
+    case leaves to :func:`scan`).  Any other quote followed by a colon is either an escaped
+    quote inside a string (subtracted) or the opening quote of a string whose text starts
+    with a colon (``":"``, or ``"\\\\:"`` once its escaped backslash is removed).  An opening
+    quote follows ``{``, ``[``, ``,``, ``:``, whitespace or nothing, so whenever one of those
+    precedes a quote-colon the count could be one too many and ``None`` is returned instead
+    (a key whose text ends in such a character declines too, which costs only the slower
+    count).  For text that is not valid JSON the number means nothing; callers use it only for
+    text the parser accepted."""
     if any(q in text for q in _QUOTE_SPACE) and _QUOTE_SPACE_COLON.search(text) is not None:
         return None
     if "\\" in text:
         text = text.replace("\\\\", "")
+    if text.startswith('":') or any(q in text for q in _OPEN_QUOTE_COLON):
+        return None
     return text.count('":') - text.count('\\":')
 
 
 _QUOTE_SPACE = ('" ', '"\t', '"\n', '"\r')
 _QUOTE_SPACE_COLON = re.compile(r'"[ \t\n\r]+:')
+_OPEN_QUOTE_COLON = tuple(f'{c}":' for c in "{[,: \t\n\r")
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 

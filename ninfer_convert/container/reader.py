@@ -35,6 +35,7 @@ import mmap
 import os
 import re
 import stat
+import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -240,6 +241,7 @@ def _checked_shape(text: str, what: str, path: Path, depth: int) -> int:
 
 
 _S = TypeVar("_S", Header, IndexFile)
+_PARSE_FIRST_MAX_RECURSION = 4000  # Python's default is 1000; 60,000 levels fit in 8 MiB
 _UNPARSED = object()
 
 
@@ -256,10 +258,17 @@ def _typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) -> _S:
     typed value (``json_pairs()``), so any difference is a repeated key, which
     :func:`_refuse_repeated_keys` names.  A schema-valid document nests at most 7 levels plus
     ``config``'s bounded depth, so it is within ``depth``; the parser itself stops at
-    Python's recursion limit.  Whenever the parse or the schema refuses, the full order above
-    runs, so the message is the one that order gives."""
+    Python's recursion limit (when that limit was raised above
+    :data:`_PARSE_FIRST_MAX_RECURSION`, the nesting scan runs first instead).  Whenever the
+    parse or the schema refuses, the full order above runs, so the message is the one that
+    order gives."""
     text = _utf8(raw, what, path)
-    members = compact_members(text)
+    # The parser's C recursion is bounded only by Python's recursion limit: parsing before the
+    # nesting scan is safe only while that limit is low enough for the C stack (a host that
+    # raised it to 1,000,000 got a SIGSEGV from 200,000 nested brackets).
+    members = (
+        compact_members(text) if sys.getrecursionlimit() <= _PARSE_FIRST_MAX_RECURSION else None
+    )
     value: Any = _UNPARSED
     if members is not None:
         with contextlib.suppress(ArtifactError):
