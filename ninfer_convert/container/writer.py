@@ -48,12 +48,14 @@ Usage errors (bad names, wrong shapes, bad metadata) raise :class:`UsageError` /
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -298,11 +300,13 @@ class _PlaneSink:
         planes: Sequence[np.ndarray[Any, np.dtype[np.uint8]]],
         offsets: Sequence[int],
         fd: int | None,
+        on_error: Callable[[OSError], Exception] | None = None,
     ) -> None:
         self._sizes = [int(p.size) for p in planes]
         self._planes = planes if fd is None else ()  # the file's mapping is not written
         self._offsets = offsets
         self.fd = fd
+        self._on_error = on_error  # the typed error (naming the tensor) for a failed pwrite
 
     def write(self, plane: int, offset: int, data: np.ndarray[Any, np.dtype[np.uint8]], /) -> None:
         n = int(data.size)
@@ -314,8 +318,16 @@ class _PlaneSink:
         view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
         at = self._offsets[plane] + offset
         done = 0
-        while done < n:
-            done += os.pwrite(self.fd, view[done:], at + done)
+        try:
+            while done < n:
+                stored = os.pwrite(self.fd, view[done:], at + done)
+                if stored <= 0:  # no progress: retrying would spin forever
+                    raise OSError(errno.EIO, f"pwrite stored no bytes at offset {at + done}")
+                done += stored
+        except OSError as exc:
+            if self._on_error is None:
+                raise
+            raise self._on_error(exc) from None
 
     def close(self) -> None:
         self._planes = ()
@@ -674,11 +686,16 @@ class ArtifactWriter:
         else:
             planes = [np.zeros(0, dtype=np.uint8) for _ in specs]
         shard.cursor = end
+        sink = _PlaneSink(planes, offsets, fd, partial(self._sink_error, name))
         res = Reservation(name, fmt_name, dims, role, prov, shard, offsets, planes, end, mapped,
-                          inline, specs, physical, _PlaneSink(planes, offsets, fd))  # fmt: skip
+                          inline, specs, physical, sink)  # fmt: skip
         self._reserved.append(res)
         self._reserved_names.add(name)
         return res
+
+    def _sink_error(self, name: str, exc: OSError) -> ResourceError:
+        # Raised in a worker; the conversion's unwinding aborts the writer (its __exit__).
+        return self._resource(exc, f"writing tensor {name!r} to the staging area")
 
     @staticmethod
     def _map_region(shard: _Shard, start: int, end: int) -> tuple[int, mmap.mmap]:
