@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,97 @@ def test_full_disk_in_the_sink_is_exit_7_naming_the_tensor(
     assert "Traceback" not in err
     assert re.search(r"writing tensor '(copy|half|q|q16)\.weight'", err), err
     assert _no_staging(tmp_path) == []
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_full_disk_at_a_later_reservation_while_workers_write_is_exit_7(
+    tmp_path: Path,
+    setup: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    jobs: int,
+) -> None:
+    # The writer aborts itself inside reserve (the space comes back at once) while earlier
+    # reservations may still be filled by workers through their own descriptors.
+    src, recipe = setup
+    out = tmp_path / "out"
+    real = os.posix_fallocate
+    calls = 0
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(writer_module.os, "posix_fallocate", fallocate)
+    code = main(["convert", str(src), "--recipe", str(recipe), "--output", str(out),
+                 "--jobs", str(jobs)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 7, err
+    assert "Traceback" not in err
+    assert calls == 3
+    assert _no_staging(tmp_path) == []
+
+
+def test_abort_while_a_worker_writes_never_lets_its_bytes_reach_another_file(
+    tmp_path: Path, setup: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer aborts itself inside reserve (a full disk) while a worker is inside its
+    # sink's pwrite.  Closing the sink's descriptor then would let the kernel give its number
+    # to the next file opened, and the worker's pwrite would land in that file.
+    src, recipe = setup
+    real_fallocate = os.posix_fallocate
+    real_abort = writer_module.ArtifactWriter.abort
+    in_pwrite = threading.Event()
+    aborted = threading.Event()
+    victims: list[Path] = []
+    falloc = 0
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        nonlocal falloc
+        falloc += 1
+        if falloc == 3:
+            assert in_pwrite.wait(30)  # a worker holds the first tensor's descriptor
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fallocate(fd, offset, length)
+
+    def abort(self: writer_module.ArtifactWriter) -> None:
+        real_abort(self)
+        if not aborted.is_set():
+            for i in range(8):  # files opened right after: they get the lowest free numbers
+                victim = tmp_path / f"victim-{i}"
+                victim.write_bytes(b"")
+                victims.append(victim)
+                fd = os.open(victim, os.O_RDWR)
+                victims_fds.append(fd)
+            aborted.set()
+
+    victims_fds: list[int] = []
+    first = threading.Lock()
+    held = [False]
+
+    def pwrite(fd: int, data: memoryview, offset: int) -> int:
+        if not threading.current_thread().name.startswith("ninfer-encode"):
+            return _REAL_PWRITE(fd, data, offset)  # the writer's own writes
+        with first:
+            mine = not held[0]
+            held[0] = True
+        if mine:
+            in_pwrite.set()
+            assert aborted.wait(30)
+        return _REAL_PWRITE(fd, data, offset)
+
+    monkeypatch.setattr(writer_module.os, "posix_fallocate", fallocate)
+    monkeypatch.setattr(writer_module.os, "pwrite", pwrite)
+    monkeypatch.setattr(writer_module.ArtifactWriter, "abort", abort)
+    try:
+        with pytest.raises(ResourceError):
+            convert_checkpoint(src, recipe, tmp_path / "out", device="cpu", jobs=2)
+    finally:
+        for fd in victims_fds:
+            os.close(fd)
+    assert aborted.is_set()
+    assert [v.stat().st_size for v in victims] == [0] * len(victims)
+    assert _no_staging(tmp_path) == [v.name for v in victims]

@@ -51,6 +51,7 @@ import contextlib
 import errno
 import mmap
 import os
+import threading
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -293,7 +294,12 @@ class _PlaneSink:
     """:attr:`Reservation.sink`: stores bytes at an offset of one of a tensor's planes, with a
     bounds check; thread-safe for disjoint ranges.  ``fd`` given: a ``pwrite`` into the
     reserved (``posix_fallocate``'d) bytes of the shard file; else a copy into ``planes``
-    (process memory)."""
+    (process memory).
+
+    :meth:`close` may run while workers still write (an abort of the writer, or a failed
+    reservation, on the calling thread): the descriptor is closed by the last write in
+    flight, never under one, because a closed number is given to the next file opened and a
+    ``pwrite`` already on its way would land there.  A write after ``close`` is refused."""
 
     def __init__(
         self,
@@ -305,35 +311,57 @@ class _PlaneSink:
         self._sizes = [int(p.size) for p in planes]
         self._planes = planes if fd is None else ()  # the file's mapping is not written
         self._offsets = offsets
+        self._to_file = fd is not None
         self.fd = fd
         self._on_error = on_error  # the typed error (naming the tensor) for a failed pwrite
+        self._lock = threading.Lock()
+        self._writing = 0  # pwrite loops in flight on self.fd
+        self._closed = False
 
     def write(self, plane: int, offset: int, data: np.ndarray[Any, np.dtype[np.uint8]], /) -> None:
         n = int(data.size)
         if offset < 0 or offset + n > self._sizes[plane]:
             raise ValueError(f"bytes [{offset}, {offset + n}) lie outside plane {plane}")
-        if self.fd is None:
+        if not self._to_file:
+            if self._closed:
+                raise ValueError("the reservation was released")
             self._planes[plane][offset : offset + n] = data.reshape(-1)
             return
         view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
         at = self._offsets[plane] + offset
+        with self._lock:
+            fd = self.fd
+            if fd is None:
+                raise self._failure(OSError(errno.EBADF, "the reservation was released"))
+            self._writing += 1
         done = 0
         try:
             while done < n:
-                stored = os.pwrite(self.fd, view[done:], at + done)
+                stored = os.pwrite(fd, view[done:], at + done)
                 if stored <= 0:  # no progress: retrying would spin forever
                     raise OSError(errno.EIO, f"pwrite stored no bytes at offset {at + done}")
                 done += stored
         except OSError as exc:
-            if self._on_error is None:
-                raise
-            raise self._on_error(exc) from None
+            raise self._failure(exc) from None
+        finally:
+            with self._lock:
+                self._writing -= 1
+                last = self._closed and self._writing == 0
+            if last:
+                os.close(fd)
+
+    def _failure(self, exc: OSError) -> Exception:
+        return exc if self._on_error is None else self._on_error(exc)
 
     def close(self) -> None:
         self._planes = ()
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self._lock:
+            self._closed = True
+            fd, self.fd = self.fd, None
+            now = fd is not None and self._writing == 0
+        if now:
+            assert fd is not None
+            os.close(fd)
 
 
 @dataclass(eq=False)
