@@ -193,7 +193,9 @@ def test_every_object_at_every_depth_refuses_a_repeated_key(
 
 
 @pytest.mark.parametrize(
-    "literal", ["true", "false", "null", "1.0", "1e2", "-1", "1e400", str(10**30), '"1"', "[1]"]
+    "literal",
+    ["true", "false", "null", "1.0", "1e2", "-1", "1e400", str(10**30), '"1"', "[1]", "9" * 5000],
+    ids=lambda literal: literal[:12],
 )
 def test_integer_fields_refuse_other_json_types(
     tmp_path: Path, header_file: tuple[bytes, dict[str, Any]], literal: str
@@ -229,3 +231,27 @@ def test_minus_zero_is_zero(tmp_path: Path, header_file: tuple[bytes, dict[str, 
     write_raw_header(path, data[:h_off], text.replace('"index":0', '"index":-0').encode())
     with open_artifact(path) as art:
         assert list(art.tensors) == [f"t.{f}" for f in ("BF16", "Q4G64_F16S", "NVFP4")]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_deepest_config_the_writer_accepts_opens_and_one_more_is_refused(tmp_path: Path) -> None:
+    meta = copy.deepcopy(META)
+    meta["source"]["config"]["deep"] = _nested(63)  # config's own level makes 64
+    with ArtifactWriter(tmp_path / "m", metadata=meta) as w:
+        w.add("w", "BF16", make_logical("BF16", (3, 5)), role="weight",
+              provenance=provenance("BF16", shape=(3, 5)))  # fmt: skip
+    with open_artifact(tmp_path / "m") as art:
+        assert art.metadata["source"]["config"]["deep"] == _nested(63)
+
+    def deeper(h: dict[str, Any]) -> None:
+        h["artifact"]["source"]["config"]["deep"] = _nested(64)
+
+    rewrite_header(tmp_path / "m" / SINGLE_NAME, deeper)
+    with pytest.raises(ArtifactError, match="nested deeper than 64 levels"):
+        open_artifact(tmp_path / "m")
