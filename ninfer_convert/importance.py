@@ -40,6 +40,7 @@ __all__ = [
     "IMPORTANCE_FILE",
     "ImportanceSet",
     "attach_importance",
+    "check_importance_output",
     "importance_bytes",
     "load_importance",
     "needs_importance",
@@ -197,25 +198,78 @@ def write_importance_file(
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write a new importance file; an existing path is refused (never overwritten), and an
-    interrupted write leaves only ``<name>.partial``, never a file that looks finished."""
-    p = Path(path)
-    _check_suffix(p)
-    if p.exists() or p.is_symlink():
-        raise UsageError(
-            "the output file exists; calibrate never overwrites a file",
-            path=str(p),
-            hint="choose a new --output name or remove the old file yourself",
-        )
-    tmp = p.with_name(p.name + ".partial")
+    interrupted write leaves only ``<name>.partial``, never a file that looks finished.  A
+    failure of the file system is a :class:`~ninfer_convert.errors.ResourceError` and leaves
+    nothing behind."""
+    from .container.publish import resource_error
+
+    p = check_importance_output(path)
+    tmp = _partial(p)
     data = importance_bytes(vectors, metadata)
-    with open(tmp, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     try:
+        fd = os.open(tmp, _CREATE_NEW, 0o666)  # the umask applies, as for open()
+    except FileExistsError:
+        raise _partial_exists(tmp) from None
+    except OSError as exc:
+        raise resource_error(exc, tmp, doing="writing the importance file") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.link(tmp, p)  # fails instead of replacing a file that appeared meanwhile
+    except FileExistsError:
+        raise _output_exists(p) from None
+    except OSError as exc:
+        raise resource_error(exc, p, doing="writing the importance file") from None
     finally:
         os.unlink(tmp)
+
+
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def check_importance_output(path: str | os.PathLike[str]) -> Path:
+    """Refuse (:class:`~ninfer_convert.errors.UsageError`) an output the writer would refuse,
+    so that ``ninfer calibrate`` says so before it loads and runs the model: a name without
+    ``.safetensors``, an existing file (or link), a ``<name>.partial`` left by an interrupted
+    run (never removed: the tool cannot know it made it), a parent that is not a directory."""
+    p = Path(path)
+    _check_suffix(p)
+    if os.path.lexists(p):
+        raise _output_exists(p)
+    if os.path.lexists(_partial(p)):
+        raise _partial_exists(_partial(p))
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(
+            "the output's directory "
+            + ("is not a directory" if os.path.lexists(parent) else "does not exist"),
+            path=str(parent),
+            hint="create the directory first or choose another --output",
+        )
+    return p
+
+
+def _partial(p: Path) -> Path:
+    return p.with_name(p.name + ".partial")
+
+
+def _output_exists(p: Path) -> UsageError:
+    return UsageError(
+        "the output file exists; calibrate never overwrites a file",
+        path=str(p),
+        hint="choose a new --output name or remove the old file yourself",
+    )
+
+
+def _partial_exists(tmp: Path) -> UsageError:
+    return UsageError(
+        "a partial importance file of an interrupted run (or of a run still writing) exists",
+        path=str(tmp),
+        hint="remove it yourself once no other ninfer calibrate is writing it, or choose "
+        "another --output",
+    )
 
 
 def _check_suffix(p: Path) -> None:
@@ -227,8 +281,16 @@ def _check_suffix(p: Path) -> None:
 
 
 def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
-    """Read every vector of an importance file (F32, rank one, non-empty)."""
+    """Read every vector of an importance file (F32, rank one, non-empty).  The path must be
+    a regular file: the source reader would also take a directory (as a model directory)."""
     _check_suffix(Path(path))
+    if not Path(path).is_file():
+        raise UsageError(
+            "the importance file "
+            + ("is not a regular file" if os.path.lexists(path) else "does not exist"),
+            path=str(path),
+            hint="pass the .safetensors file that ninfer calibrate wrote",
+        )
     src = open_source(Path(path))
     out: dict[str, npt.NDArray[np.uint32]] = {}
     for name, info in src.tensors.items():

@@ -10,6 +10,7 @@ import click
 
 from ..calibrate import calibrate_source, write_calibration
 from ..evaluate import read_prompts
+from ..importance import check_importance_output
 
 __all__ = ["command"]
 
@@ -34,6 +35,7 @@ def command(
 ) -> None:
     """Write per-column activation statistics (mean x^2 per Linear input) for the
     importance-weighted encoder profile MSE_F16_SEARCH_IW_V1."""
+    check_importance_output(output)  # before the model is loaded and run
     texts = read_prompts(prompts_file) if prompts_file is not None else None
     cal = calibrate_source(
         source,
