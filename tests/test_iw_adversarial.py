@@ -503,3 +503,30 @@ def test_torch_cuda_matches_the_reference_at_the_edges(fmt: str) -> None:
             x, "F32", fmt, backend="torch", device="cuda", profile=MSE_F16_SEARCH_V1
         )
         _assert_same(_ref(x, "F32", fmt), got, f"cuda {fmt}")
+
+
+@native
+@pytest.mark.parametrize("word", [0x7C01, 0xFE00, 0x7FFF, 0x7C00, 0xFC00])
+def test_f16_nan_payloads_and_infinities_are_refused_like_numpy(word: int) -> None:
+    rng = np.random.default_rng(21)
+    x = rng.integers(0, 0x7800, (2, 70), dtype=np.uint16)
+    x[1, 65] = word
+    with pytest.raises(EncodeError) as numpy_err:
+        encode_grouped_words(x, "F16", "W8G32_F16S", tensor="t", profile=MSE_F16_SEARCH_V1)
+    with pytest.raises(EncodeError) as c_err:
+        _native(x, "F16", "W8G32_F16S")
+    assert str(c_err.value) == str(numpy_err.value)
+
+
+@native
+@pytest.mark.parametrize("fmt", GROUPED)
+def test_every_finite_binary16_word_encodes_alike_in_c_and_numpy(fmt: str) -> None:
+    """All 63,488 finite binary16 words, shuffled into groups (the numpy encoder is held to the
+    exact reference by its own tests), unweighted and weighted."""
+    rng = np.random.default_rng(22)
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    words = rng.permutation(words[(words & 0x7C00) != 0x7C00])
+    x = words.reshape(-1, 496)  # 128 rows; 496 = 7.75 groups of 64, 15.5 of 32
+    w = _f32(rng.random(496))
+    _assert_same(_numpy(x, "F16", fmt), _native(x, "F16", fmt), "unweighted")
+    _assert_same(_numpy(x, "F16", fmt, w), _native(x, "F16", fmt, w), "weighted")
