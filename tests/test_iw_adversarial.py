@@ -530,3 +530,24 @@ def test_every_finite_binary16_word_encodes_alike_in_c_and_numpy(fmt: str) -> No
     w = _f32(rng.random(496))
     _assert_same(_numpy(x, "F16", fmt), _native(x, "F16", fmt), "unweighted")
     _assert_same(_numpy(x, "F16", fmt, w), _native(x, "F16", fmt, w), "weighted")
+
+
+def test_without_the_source_verify_still_ties_provenance_to_the_side_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """container.md: each provenance.importance is the digest of the side file's entry of that
+    tensor.  That needs no source, so --no-source must catch a header that records another
+    vector (digests recomputed: only this relation is broken)."""
+    import ninfer_convert.convert as convert_mod
+
+    src, _ = _source(tmp_path)
+    imp = _importance(tmp_path, {"w": _weights()})
+    out = tmp_path / "out"
+    monkeypatch.setattr(convert_mod, "vector_digest", lambda words: "0" * 32)
+    convert_checkpoint(src, _recipe(tmp_path), out, device="cpu", jobs=1, importance=imp)
+    monkeypatch.undo()
+    report = verify_artifact(out, use_recorded_source=False, device="cpu")
+    assert report.exit_code == 6
+    hits = [f for f in _findings(report) if f.check == "integrity"]
+    assert hits and hits[0].tensor == "w" and IMPORTANCE_FILE in (hits[0].path or "")
+    assert "0" * 32 in hits[0].message

@@ -934,6 +934,56 @@ def _artifact_level_findings(art: Artifact) -> list[Finding]:
     ]
 
 
+def _importance_findings(art: Artifact) -> list[Finding]:
+    """docs/container.md (side file entry): ``importance.safetensors`` exists exactly when some
+    tensor's provenance records an ``importance`` digest, holds exactly those tensors' entries,
+    and each entry's digest is the recorded one.  Needs no source, so it runs with
+    ``--no-source`` too.  A side file whose own digest fails is reported by
+    ``integrity_problems`` already (nothing is added here)."""
+    where = str((art.path if art.path.is_dir() else art.path.parent) / IMPORTANCE_FILE)
+    recorded = {
+        name: info.entry.provenance.importance
+        for name, info in art.tensors.items()
+        if info.entry.provenance.importance is not None
+    }
+
+    def problem(message: str, tensor: str | None) -> Finding:
+        hint = "the header or the side file was edited after conversion; convert again"
+        return Finding.of(
+            "integrity", IntegrityError(message, path=where, tensor=tensor, hint=hint)
+        )
+
+    if IMPORTANCE_FILE not in art.side_files:
+        if not recorded:
+            return []
+        first = next(iter(recorded))
+        return [
+            problem(
+                f"{len(recorded)} tensors record an importance digest (first: {first}) but the "
+                f"artifact has no side file {IMPORTANCE_FILE}",
+                first,
+            )
+        ]
+    try:
+        vectors = _stored_importance(art) or {}
+    except IntegrityError:
+        return []
+    except NinferError as exc:
+        return [problem(exc.message, None)]
+    out = []
+    for name, digest in recorded.items():
+        if name not in vectors:
+            out.append(problem(f"provenance.importance is {digest} but the side file has no "
+                               f"entry named {name!r}", name))  # fmt: skip
+        elif vector_digest(vectors[name]) != digest:
+            out.append(problem(f"provenance.importance is {digest} but the side file's entry "
+                               f"has digest {vector_digest(vectors[name])}", name))  # fmt: skip
+    for name in sorted(set(vectors) - set(recorded)):
+        out.append(problem(f"the side file has an entry {name!r} for a tensor that records no "
+                           "importance digest", name))  # fmt: skip
+    return out
+
+
 def _recipe_digest_findings(art: Artifact) -> list[Finding]:
     """``recipe.digest`` against the recorded recipe text: ``sha256:<hex>`` of its UTF-8
     bytes, the definition of :attr:`ninfer_convert.recipe.Recipe.digest`."""
@@ -1092,9 +1142,11 @@ def verify_artifact(
         emit("integrity", 0, total_bytes)
         # Header, index, gap and side-file digests here; each tensor's plane digests are
         # checked by the worker that re-derives it, so those reads overlap the encoding.
-        integrity = [
-            Finding.of("integrity", e) for e in art.integrity_problems(plane_digests=False)
-        ] + _recipe_digest_findings(art)
+        integrity = (
+            [Finding.of("integrity", e) for e in art.integrity_problems(plane_digests=False)]
+            + _recipe_digest_findings(art)
+            + _importance_findings(art)
+        )
         timings["integrity"] = time.perf_counter() - t0
         emit("integrity", total_bytes, total_bytes)
 
