@@ -305,12 +305,12 @@ def test_a_provenance_importance_digest_that_does_not_match_fails_verify(
 ) -> None:
     """A self-consistent artifact (digests and side file intact) whose header records another
     vector's digest: only the provenance comparison can catch it."""
-    import ninfer_convert.convert as convert_mod
+    import ninfer_convert.derive.provenance as provenance_mod
 
     src, _ = _source(tmp_path)
     imp = _importance(tmp_path, {"w": _weights()})
     out = tmp_path / "out"
-    monkeypatch.setattr(convert_mod, "vector_digest", lambda words: "0" * 32)
+    monkeypatch.setattr(provenance_mod, "vector_digest", lambda words: "0" * 32)
     convert_checkpoint(src, _recipe(tmp_path), out, device="cpu", jobs=1, importance=imp)
     monkeypatch.undo()
     report = verify_artifact(out, source=src, device="cpu")
@@ -538,12 +538,12 @@ def test_without_the_source_verify_still_ties_provenance_to_the_side_file(
     """container.md: each provenance.importance is the digest of the side file's entry of that
     tensor.  That needs no source, so --no-source must catch a header that records another
     vector (digests recomputed: only this relation is broken)."""
-    import ninfer_convert.convert as convert_mod
+    import ninfer_convert.derive.provenance as provenance_mod
 
     src, _ = _source(tmp_path)
     imp = _importance(tmp_path, {"w": _weights()})
     out = tmp_path / "out"
-    monkeypatch.setattr(convert_mod, "vector_digest", lambda words: "0" * 32)
+    monkeypatch.setattr(provenance_mod, "vector_digest", lambda words: "0" * 32)
     convert_checkpoint(src, _recipe(tmp_path), out, device="cpu", jobs=1, importance=imp)
     monkeypatch.undo()
     report = verify_artifact(out, use_recorded_source=False, device="cpu")
