@@ -4,7 +4,8 @@
  *
  * Contract:
  *
- *   encode_rows(words, source, n, k, group, qmin, qmax, codes, scales, weights=None)
+ *   encode_rows(words, source, n, k, group, qmin, qmax, codes, scales, weights=None,
+ *               stats=None)
  *
  * encodes an [n, k] block of BF16 (source 0, uint16 words), binary32 (source 1, uint32 words)
  * or binary16 (source 2, uint16 words) values into int8 codes [n, k] and binary16 scale words
@@ -14,7 +15,13 @@
  * refusals; the caller words the error).  weights, when given, is k binary32 words (one per
  * column, finite and >= 0, else ValueError); each squared difference is then multiplied by
  * its column's weight before it is added (below).  The GIL is released for the whole block,
- * so two threads encode two blocks at once.
+ * so two threads encode two blocks at once.  stats, when given, is three float64 that receive
+ * verify's error statistics of the block from the same pass, as _hostkernel returns them:
+ * (max |e|, sum e^2, sum x^2) with e = x - s * q of the chosen scale, exact in binary64 (s * q
+ * is an 8-bit integer times an 11-bit significand, and x and s * q lie within a small factor of
+ * each other unless q = 0, where e = x); the sums are sequential binary64 additions in row
+ * and index order (statistics, not checks; reproducible, not bit-specified).  Written only
+ * when no value is refused.
  *
  *   group_errors(x, scales, qmin, qmax, out, weights=None)
  *
@@ -56,13 +63,23 @@
  * candidates (padded to LANES with copies of candidate 0, which never win a tie against it) is
  * advanced by the same statements, four lanes to a vector (GCC vector extensions, so the
  * vector code does not depend on the auto-vectoriser).  Each lane is its own sequential sum
- * in index order; the lanes never mix.  The division dominates the time.  Replacing it by a
- * multiplication with RN64(1 / s) and an exact correction of the code (c0 = RNE(x * (1/s)) is
- * within 1 of the nearest code, r = x - c0 * s is exact, |r| against s / 2 and c0's parity
- * decide) was implemented and measured slower on the development machine (77 against 105 M
- * values/s, AVX-512; docs/performance.md), and so was a binary32 division for the codes (exact
- * too, by the same argument with 24-bit significands; 79 against 102 M values/s), so the
- * kernel keeps the binary64 division, whose exactness the document proves directly.
+ * in index order; the lanes never mix.
+ *
+ * The search multiplies by r = RN64(1 / s) instead of dividing (the division was three
+ * quarters of the time), and that changes no error sum.  y = RN64(x * r) is within a relative
+ * 2^-52 of x / s, while a half-integer h (|h| < 2^8 is all the clamp leaves) that x / s is
+ * not equal to is at least a relative 2^-24 away from it: x / s - h = (x - h s) / s, and
+ * x - h s is a nonzero multiple of 2^min(ex, es - 1) (ex, es: the exponents of the last
+ * significand bits of x and s), so |x / s - h| / |x / s| >= 2^min(ex, es - 1) / |x|, and |x| <
+ * 2^(ex + 24), |x| < 2^9 s < 2^(es + 20).  So y lies on the same side of every such h as
+ * x / s, and clamp-then-round-half-even gives the document's code, except where x / s is a
+ * half-integer exactly: then y may round to the other neighbour, but both neighbours leave
+ * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The codes that are
+ * stored come from the final pass of encode_group, with the true division.  (Multiplying and
+ * correcting every code to the right neighbour was measured slower than the division: the
+ * correction is what cost.)  Replacing the division by a binary32 division was exact too and
+ * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
+ * back to binary64 costs more than the cheaper division saves).
  *
  * Duplicate candidate words are evaluated anyway (their lanes are free in the vector) and lose
  * the tie to the earlier index, as the document's choice rule says.
@@ -142,18 +159,19 @@ static inline __attribute__((always_inline)) void lane_errors_impl(
     const double *x, const double *w, Py_ssize_t n, const double *s, double lo, double hi,
     double *out, const int weighted) {
     enum { NV = LANES / VL };
-    vd acc[NV], sv[NV];
+    vd acc[NV], sv[NV], rv[NV];
     const vd zero = {0};
     const vd magic = zero + MAGIC, lov = zero + lo, hiv = zero + hi;
     for (int v = 0; v < NV; v++) {
         memcpy(&sv[v], s + v * VL, sizeof sv[v]);
+        rv[v] = (zero + 1.0) / sv[v]; /* RN64(1 / s), once per group */
         acc[v] = zero; /* +0 */
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         const vd xv = zero + x[i];
         const vd wv = zero + (weighted ? w[i] : 1.0);
         for (int v = 0; v < NV; v++) {
-            vd y = xv / sv[v];                    /* RN64(x / s): never onto a half-integer */
+            vd y = xv * rv[v];                    /* a half-integer's side only (above) */
             y = sel(y < lov, lov, y);             /* clamp to [qmin, qmax] ... */
             y = sel(y > hiv, hiv, y);
             const vd c = (y + magic) - magic;     /* ... and round half to even */
@@ -193,7 +211,8 @@ static void errors_for(const double *x, const double *w, Py_ssize_t n, const dou
  * chosen scale word and codes; returns 2 (and the raw binary32 scale) where the canonical
  * scale overflows binary16, else 0. */
 static int encode_group(const double *x, const double *w, Py_ssize_t n, float amaxf, int qmin,
-                        int qmax, uint16_t *scale_out, int8_t *codes, float *raw_out) {
+                        int qmax, uint16_t *scale_out, int8_t *codes, float *raw_out,
+                        double *st) {
     const float raw = amaxf / (float)qmax; /* Section 7: one binary32 division */
     uint16_t s16[CANDIDATES];
     s16[0] = f64_to_f16_rne((double)raw);
@@ -225,6 +244,16 @@ static int encode_group(const double *x, const double *w, Py_ssize_t n, float am
         y = y > hi ? hi : y;
         codes[i] = (int8_t)((y + MAGIC) - MAGIC);
     }
+    if (st != NULL) { /* verify's statistics: e = x - s * q is exact (see the contract) */
+        double m = st[0], se = st[1], sx = st[2];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double e = x[i] - (double)codes[i] * sb, ae = e < 0 ? -e : e;
+            m = ae > m ? ae : m;
+            se = se + e * e;
+            sx = sx + x[i] * x[i];
+        }
+        st[0] = m; st[1] = se; st[2] = sx;
+    }
     *scale_out = s16[best];
     return 0;
 }
@@ -235,7 +264,7 @@ static int encode_group(const double *x, const double *w, Py_ssize_t n, float am
 static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k, int group,
                         Py_ssize_t groups, int qmin, int qmax, const double *wd, double *xd,
                         int8_t *out, uint16_t *sc, Py_ssize_t *bad_row, Py_ssize_t *bad_col,
-                        float *bad_raw) {
+                        float *bad_raw, double *st) {
     const uint16_t *w16 = (const uint16_t *)wbuf;
     const uint32_t *w32 = (const uint32_t *)wbuf;
     for (Py_ssize_t r = 0; r < n; r++) {
@@ -284,14 +313,14 @@ static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k
                 }
             }
             int8_t *c = out + r * k + a;
-            if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes */
+            if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes, zero error */
                 sc[r * groups + g] = 0;
                 memset(c, 0, (size_t)(b - a));
                 continue;
             }
             float raw = 0.0f;
             if (encode_group(xd, wd != NULL ? wd + a : NULL, b - a, f32_from_bits(amax_bits),
-                             qmin, qmax, &sc[r * groups + g], c, &raw)) {
+                             qmin, qmax, &sc[r * groups + g], c, &raw, st)) {
                 *bad_row = r; *bad_col = g; *bad_raw = raw;
                 return 2;
             }
@@ -321,17 +350,24 @@ static const char *widen_weights(const Py_buffer *wb, Py_ssize_t k, double *wd) 
 }
 
 static PyObject *encode_rows(PyObject *self, PyObject *args) {
-    Py_buffer words, codes, scales, weights = {0};
-    PyObject *weights_obj = Py_None;
+    Py_buffer words, codes, scales, weights = {0}, stats = {0};
+    PyObject *weights_obj = Py_None, *stats_obj = Py_None;
     int source, group, qmin, qmax;
     Py_ssize_t n, k;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*innii" "iw*w*|O", &words, &source, &n, &k, &group, &qmin,
-                          &qmax, &codes, &scales, &weights_obj))
+    if (!PyArg_ParseTuple(args, "y*innii" "iw*w*|OO", &words, &source, &n, &k, &group, &qmin,
+                          &qmax, &codes, &scales, &weights_obj, &stats_obj))
         return NULL;
     const int have_w = weights_obj != Py_None;
     if (have_w && PyObject_GetBuffer(weights_obj, &weights, PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
+        return NULL;
+    }
+    const int have_st = stats_obj != Py_None;
+    if (have_st &&
+        PyObject_GetBuffer(stats_obj, &stats, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
+        if (have_w) PyBuffer_Release(&weights);
         return NULL;
     }
     const char *why = NULL;
@@ -353,6 +389,8 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
             why = "encode_rows: inconsistent buffer sizes (weights: k binary32 words)";
         else if ((uintptr_t)scales.buf % sizeof(uint16_t) != 0)
             why = "encode_rows: the scales buffer must be aligned to its words";
+        else if (have_st && stats.len != 3 * (Py_ssize_t)sizeof(double))
+            why = "encode_rows: stats must be three float64 (or None)";
     }
     /* Scratch (allocated with the GIL, as PyMem_Malloc requires): one group of values, the
      * widened weights, and an aligned copy of a misaligned input. */
@@ -368,6 +406,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
             PyMem_Free(xd); PyMem_Free(wd); PyMem_Free(aligned);
             PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
             if (have_w) PyBuffer_Release(&weights);
+            if (have_st) PyBuffer_Release(&stats);
             return PyErr_NoMemory();
         }
         if (have_w) why = widen_weights(&weights, k, wd);
@@ -376,6 +415,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         PyMem_Free(xd); PyMem_Free(wd); PyMem_Free(aligned);
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         if (have_w) PyBuffer_Release(&weights);
+        if (have_st) PyBuffer_Release(&stats);
         PyErr_SetString(PyExc_ValueError, why);
         return NULL;
     }
@@ -387,14 +427,17 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     int kind;
     Py_ssize_t bad_row = 0, bad_col = 0;
     float bad_raw = 0.0f;
+    double st[3] = {0.0, 0.0, 0.0};
     Py_BEGIN_ALLOW_THREADS
     kind = encode_block(wbuf, source, n, k, group, groups, qmin, qmax, wd, xd,
                         (int8_t *)codes.buf, (uint16_t *)scales.buf, &bad_row, &bad_col,
-                        &bad_raw);
+                        &bad_raw, have_st ? st : NULL);
     Py_END_ALLOW_THREADS
+    if (have_st && kind == 0) memcpy(stats.buf, st, sizeof st);
     PyMem_Free(xd); PyMem_Free(wd); PyMem_Free(aligned);
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
     if (have_w) PyBuffer_Release(&weights);
+    if (have_st) PyBuffer_Release(&stats);
     if (kind == 1) return Py_BuildValue("(snn)", "nonfinite", bad_row, bad_col);
     if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
     Py_RETURN_NONE;

@@ -76,9 +76,10 @@ def encode_rows(
     With ``with_sums`` the C kernel also returns the block's :data:`ErrorSums` from the same
     pass (see ``_hostkernel.c``); ``None`` means the numpy path ran and the caller computes
     them itself.  ``profile`` MSE_F16_SEARCH_V1 runs its C kernel (``_msekernel.c``) when it
-    was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes.
-    MSE_F16_SEARCH_IW_V1 does the same with ``importance`` (the tensor's [K] binary32 weights,
-    already checked by ``mse_search.check_weights``), which both kernels take."""
+    was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes
+    (its C kernel returns the sums too).  MSE_F16_SEARCH_IW_V1 does the same with
+    ``importance`` (the tensor's [K] binary32 weights, already checked by
+    ``mse_search.check_weights``), which both kernels take."""
     name = lookup_profile(profile).name
     if name == MSE_F16_SEARCH_IW_V1 and importance is None:
         raise ValueError(f"{MSE_F16_SEARCH_IW_V1} needs the tensor's importance vector")
@@ -86,11 +87,14 @@ def encode_rows(
         weights = importance if name == MSE_F16_SEARCH_IW_V1 else None
         if kernel == "numpy" or _native_mse is None:
             encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor, weights)
-        else:
-            encode_rows_mse_native(
-                words, source_dtype, fmt, row0, codes_out, scales_out, tensor, weights
-            )
-        return None
+            return None
+        mse_sums = np.zeros(3, dtype=np.float64) if with_sums else None
+        encode_rows_mse_native(
+            words, source_dtype, fmt, row0, codes_out, scales_out, tensor, weights, sums=mse_sums
+        )
+        if mse_sums is None:
+            return None
+        return float(mse_sums[0]), float(mse_sums[1]), float(mse_sums[2])
     if kernel == "numpy" or _native is None:
         _encode_rows(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
         return None
@@ -129,11 +133,14 @@ def encode_rows_mse_native(
     scales_out: npt.NDArray[np.uint16],
     tensor: str | None,
     weights: npt.NDArray[np.uint32] | None = None,
+    *,
+    sums: npt.NDArray[np.float64] | None = None,
 ) -> None:
     """MSE_F16_SEARCH_V1 on a block of rows with the C kernel (``_msekernel.c``); same signature,
     bytes and refusals as :func:`.mse_search.encode_rows_mse`.  ``weights`` (K binary32 words,
     one per column) selects the kernel's importance-weighted error (docs in the C source); None
-    is the profile's unweighted error.
+    is the profile's unweighted error.  ``sums`` (three float64), when given, receives the
+    block's :data:`ErrorSums` from the same pass.
 
     On a refusal the block is handed to the numpy encoder, which raises the error: the numpy
     path reports the first refusal of its first failing piece (non-finite values before
@@ -143,7 +150,7 @@ def encode_rows_mse_native(
     w = np.ascontiguousarray(words)
     result: Any = _native_mse.encode_rows(
         w, _MSE_SOURCES[source_dtype], n, k, fmt.group_size, fmt.qmin, fmt.qmax,
-        codes_out, scales_out, weights,
+        codes_out, scales_out, weights, sums,
     )  # fmt: skip
     if result is not None:
         encode_rows_mse(words, source_dtype, fmt, row0, codes_out, scales_out, tensor)
