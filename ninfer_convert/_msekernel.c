@@ -28,7 +28,8 @@
  * is the error of one group (binary32 words x, finite) for each binary16 scale word in scales
  * (finite, > 0), written to out (float64), computed by the same code as the search: a test
  * hook for comparing the error sums themselves with the exact reference, as is
- * f64_to_f16_words(values, out) for the binary16 rounding of the candidates.
+ * f64_to_f16_words(values, out) for the binary16 rounding of the candidates, and
+ * lane_width([w]) for running the search with 4- or 8-lane vectors (below).
  *
  * The error of a candidate scale s (docs/encoder-profiles.md "Error of a candidate"): acc = +0;
  * for i = 0, 1, ... in index order: d = RN64(x[i] - s * code[i]), t = RN64(d * d), [weighted:
@@ -61,8 +62,8 @@
  *
  * Vectorised across candidates: one group is read once, and for each value every one of the 14
  * candidates (padded to LANES with copies of candidate 0, which never win a tie against it) is
- * advanced by the same statements, four lanes to a vector (GCC vector extensions, so the
- * vector code does not depend on the auto-vectoriser).  Each lane is its own sequential sum
+ * advanced by the same statements, eight or four lanes to a vector (GCC vector extensions, so
+ * the vector code does not depend on the auto-vectoriser; the width is picked at load time).  Each lane is its own sequential sum
  * in index order; the lanes never mix.
  *
  * The search multiplies by r = RN64(1 / s) instead of dividing (the division was three
@@ -142,67 +143,94 @@ static inline double f16w_to_f64(uint16_t h) {
     return (h & 0x8000u) ? -m : m;
 }
 
-/* GCC vector extensions: VL binary64 lanes per vector (32 bytes: one AVX2 register, half an
- * AVX-512 one; 64-byte vectors were 20 % faster with AVX-512 but several times slower where
- * GCC had to split them for AVX2), LANES / VL vectors per group.  A comparison gives an
- * all-ones / all-zeros lane mask; sel picks by mask on the bits. */
-#define VL 4
-typedef double vd __attribute__((vector_size(8 * VL)));
-typedef int64_t vl __attribute__((vector_size(8 * VL)));
-#define sel(m, a, b) ((vd)(((vl)(a) & (m)) | ((vl)(b) & ~(m)))) /* a macro: no vector ABI */
+/* GCC vector extensions: W binary64 lanes per vector, LANES / W vectors per group.  W = 8
+ * (one AVX-512 register) where the CPU has x86-64-v4, else W = 4 (one AVX2 register, or two
+ * SSE2 ones): 8-lane vectors are faster with AVX-512 but several times slower where GCC has to
+ * split them for AVX2, so each width is compiled only for the targets it suits and picked at
+ * load time (PyInit).  A comparison gives an all-ones / all-zeros lane mask; SEL picks by mask
+ * on the bits (a macro: no vector ABI). */
+typedef double vd4 __attribute__((vector_size(32)));
+typedef int64_t vi4 __attribute__((vector_size(32)));
+typedef double vd8 __attribute__((vector_size(64)));
+typedef int64_t vi8 __attribute__((vector_size(64)));
+#define SEL(VI, VD, m, a, b) ((VD)(((VI)(a) & (m)) | ((VI)(b) & ~(m))))
 
 /* The error of every lane's scale s[l] over the group's n values x (binary64, exact copies of
  * binary32 values), weighted by w[i] when `weighted`: out[l] = acc as documented above.  Every
  * lane runs the document's statements for its own scale, in index order i = 0, 1, ...; the
- * vector only puts 4 such sequential sums side by side. */
-static inline __attribute__((always_inline)) void lane_errors_impl(
-    const double *x, const double *w, Py_ssize_t n, const double *s, double lo, double hi,
-    double *out, const int weighted) {
-    enum { NV = LANES / VL };
-    vd acc[NV], sv[NV], rv[NV];
-    const vd zero = {0};
-    const vd magic = zero + MAGIC, lov = zero + lo, hiv = zero + hi;
-    for (int v = 0; v < NV; v++) {
-        memcpy(&sv[v], s + v * VL, sizeof sv[v]);
-        rv[v] = (zero + 1.0) / sv[v]; /* RN64(1 / s), once per group */
-        acc[v] = zero; /* +0 */
+ * vector only puts W such sequential sums side by side, so the width changes no operation. */
+#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, VI, W)                                             \
+    static inline __attribute__((always_inline)) void NAME(                                  \
+        const double *x, const double *w, Py_ssize_t n, const double *s, double lo,          \
+        double hi, double *out, const int weighted) {                                        \
+        enum { NV = LANES / (W) };                                                           \
+        VD acc[NV], sv[NV], rv[NV];                                                          \
+        const VD zero = {0};                                                                 \
+        const VD magic = zero + MAGIC, lov = zero + lo, hiv = zero + hi;                     \
+        for (int v = 0; v < NV; v++) {                                                       \
+            memcpy(&sv[v], s + v * (W), sizeof sv[v]);                                       \
+            rv[v] = (zero + 1.0) / sv[v]; /* RN64(1 / s), once per group */                  \
+            acc[v] = zero;                /* +0 */                                           \
+        }                                                                                    \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                 \
+            const VD xv = zero + x[i];                                                       \
+            const VD wv = zero + (weighted ? w[i] : 1.0);                                    \
+            for (int v = 0; v < NV; v++) {                                                   \
+                VD y = xv * rv[v];             /* a half-integer's side only (above) */      \
+                y = SEL(VI, VD, y < lov, lov, y); /* clamp to [qmin, qmax] ... */            \
+                y = SEL(VI, VD, y > hiv, hiv, y);                                            \
+                const VD c = (y + magic) - magic; /* ... and round half to even */           \
+                const VD d = xv - c * sv[v];   /* c * s exact; d = RN64(x - r) */            \
+                VD t = d * d;                  /* t = RN64(d * d) */                         \
+                if (weighted) t = wv * t;      /* u = RN64(w * t) */                         \
+                acc[v] = acc[v] + t;           /* acc = RN64(acc + t) */                     \
+            }                                                                                \
+        }                                                                                    \
+        for (int v = 0; v < NV; v++) memcpy(out + v * (W), &acc[v], sizeof acc[v]);         \
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const vd xv = zero + x[i];
-        const vd wv = zero + (weighted ? w[i] : 1.0);
-        for (int v = 0; v < NV; v++) {
-            vd y = xv * rv[v];                    /* a half-integer's side only (above) */
-            y = sel(y < lov, lov, y);             /* clamp to [qmin, qmax] ... */
-            y = sel(y > hiv, hiv, y);
-            const vd c = (y + magic) - magic;     /* ... and round half to even */
-            const vd d = xv - c * sv[v];          /* c * s exact; d = RN64(x - r) */
-            vd t = d * d;                         /* t = RN64(d * d) */
-            if (weighted) t = wv * t;             /* u = RN64(w * t) */
-            acc[v] = acc[v] + t;                  /* acc = RN64(acc + t) */
-        }
-    }
-    for (int v = 0; v < NV; v++) memcpy(out + v * VL, &acc[v], sizeof acc[v]);
-}
+
+DEFINE_LANE_ERRORS_IMPL(lane_errors_impl4, vd4, vi4, 4)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define HAVE_V4 1
+#define CLONES __attribute__((target_clones("avx2", "default")))
+DEFINE_LANE_ERRORS_IMPL(lane_errors_impl8, vd8, vi8, 8)
+/* Compiled for x86-64-v4 only, called only where PyInit found it (contraction stays off). */
+__attribute__((target("arch=x86-64-v4"))) static void lane_errors8(
+    const double *x, Py_ssize_t n, const double *s, double lo, double hi, double *out) {
+    lane_errors_impl8(x, NULL, n, s, lo, hi, out, 0);
+}
+__attribute__((target("arch=x86-64-v4"))) static void lane_errors_w8(
+    const double *x, const double *w, Py_ssize_t n, const double *s, double lo, double hi,
+    double *out) {
+    lane_errors_impl8(x, w, n, s, lo, hi, out, 1);
+}
 #else
+#define HAVE_V4 0
 #define CLONES
 #endif
+static int use_v4 = 0; /* set once by PyInit, before any call */
 
-/* Two copies (unweighted, weighted), each compiled for AVX-512, AVX2 and baseline x86-64 and
+/* Two 4-lane copies (unweighted, weighted), each compiled for AVX2 and baseline x86-64 and
  * picked at load time: wider vectors change no operation (contraction stays off). */
 CLONES static void lane_errors(const double *x, Py_ssize_t n, const double *s, double lo,
                                double hi, double *out) {
-    lane_errors_impl(x, NULL, n, s, lo, hi, out, 0);
+    lane_errors_impl4(x, NULL, n, s, lo, hi, out, 0);
 }
 CLONES static void lane_errors_w(const double *x, const double *w, Py_ssize_t n,
                                  const double *s, double lo, double hi, double *out) {
-    lane_errors_impl(x, w, n, s, lo, hi, out, 1);
+    lane_errors_impl4(x, w, n, s, lo, hi, out, 1);
 }
 
 static void errors_for(const double *x, const double *w, Py_ssize_t n, const double *s,
                        double lo, double hi, double *out) {
+#if HAVE_V4
+    if (use_v4) {
+        if (w == NULL) lane_errors8(x, n, s, lo, hi, out);
+        else lane_errors_w8(x, w, n, s, lo, hi, out);
+        return;
+    }
+#endif
     if (w == NULL) lane_errors(x, n, s, lo, hi, out);
     else lane_errors_w(x, w, n, s, lo, hi, out);
 }
@@ -537,7 +565,29 @@ static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Test hook: lane_width() is the search's vector width (8 or 4); lane_width(w) selects it
+ * (8 only where the CPU has x86-64-v4), so the tests run both widths on one machine.  Not for
+ * use while another thread encodes. */
+static PyObject *lane_width(PyObject *self, PyObject *args) {
+    int want = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|i", &want)) return NULL;
+    if (want != 0) {
+        int ok = want == 4;
+#if HAVE_V4
+        if (want == 8 && __builtin_cpu_supports("x86-64-v4")) ok = 1;
+#endif
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "lane_width: 4, or 8 where the CPU has x86-64-v4");
+            return NULL;
+        }
+        use_v4 = want == 8;
+    }
+    return PyLong_FromLong(use_v4 ? 8 : 4);
+}
+
 static PyMethodDef methods[] = {
+    {"lane_width", lane_width, METH_VARARGS, "The search's vector width; sets it (test hook)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
@@ -550,4 +600,10 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__msekernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__msekernel(void) {
+#if HAVE_V4
+    __builtin_cpu_init();
+    use_v4 = __builtin_cpu_supports("x86-64-v4") != 0;
+#endif
+    return PyModule_Create(&module);
+}

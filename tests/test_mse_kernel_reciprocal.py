@@ -1,8 +1,10 @@
 """The C kernel's candidate search multiplies by RN64(1 / s) instead of dividing by s
-(_msekernel.c explains why no error sum changes).  The cases that argument is about: values
-exactly on a half-integer multiple of a scale (the code may land on either neighbour, the
-error must not change), one binary32 step either side of it, and the clamp boundaries, for
-normal and subnormal binary16 scales; each error sum must be the exact reference's."""
+(_msekernel.c explains why no error sum changes), with 8-lane vectors where the CPU has
+x86-64-v4 and 4-lane ones elsewhere; every test here runs at each width this CPU has.  The
+cases that argument is about: values exactly on a half-integer multiple of a scale (the code
+may land on either neighbour, the error must not change), one binary32 step either side of
+it, and the clamp boundaries, for normal and subnormal binary16 scales; each error sum must
+be the exact reference's."""
 
 from __future__ import annotations
 
@@ -13,14 +15,39 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ninfer_convert.encoder import host
+from ninfer_convert.encoder.corpus import mse_boundary_corpus
 from ninfer_convert.encoder.mse_reference import group_error_reference
 from ninfer_convert.encoder.oracle import BINARY16, BINARY32, decode_binary
-from ninfer_convert.formats import FORMATS
+from ninfer_convert.formats import FORMATS, MSE_F16_SEARCH_V1
 from ninfer_convert.native import optional_module
 
 kernel = optional_module("_msekernel")
 pytestmark = pytest.mark.skipif(kernel is None, reason="C MSE kernel not built")
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
+
+
+def _widths() -> list[int]:
+    if kernel is None:
+        return []
+    default = kernel.lane_width()
+    try:
+        kernel.lane_width(8)
+        return [4, 8]
+    except ValueError:
+        return [4]
+    finally:
+        kernel.lane_width(default)
+
+
+WIDTHS = _widths()
+
+
+def _at_width(width: int) -> int:
+    """Select ``width``; returns the width to restore."""
+    default = int(kernel.lane_width())
+    kernel.lane_width(width)
+    return default
 
 
 def _nearest(xs: list[int], s: int, qmin: int, qmax: int) -> list[int]:
@@ -45,9 +72,15 @@ _SCALES = st.one_of(st.integers(1, 0x3FF), st.integers(0x400, 0x7BFF))  # subnor
 
 
 @settings(max_examples=60, deadline=None)
-@given(_SCALES, st.lists(_SCALES, max_size=6), st.sampled_from(GROUPED), st.randoms())
+@given(
+    _SCALES,
+    st.lists(_SCALES, max_size=6),
+    st.sampled_from(GROUPED),
+    st.randoms(),
+    st.sampled_from(WIDTHS or [4]),
+)
 def test_error_sums_at_code_ties_and_clamp_edges_are_the_reference_ones(
-    s: int, others: list[int], fmt: str, rnd: object
+    s: int, others: list[int], fmt: str, rnd: object, width: int
 ) -> None:
     f = FORMATS[fmt]
     assert f.qmin is not None and f.qmax is not None and f.group_size is not None
@@ -55,9 +88,43 @@ def test_error_sums_at_code_ties_and_clamp_edges_are_the_reference_ones(
     xs = [pool[rnd.randrange(len(pool))] for _ in range(f.group_size)]  # type: ignore[attr-defined]
     scales = [s, *others]
     out = np.empty(len(scales), np.float64)
-    kernel.group_errors(
-        np.asarray(xs, np.uint32), np.asarray(scales, np.uint16), f.qmin, f.qmax, out
-    )
+    default = _at_width(width)
+    try:
+        kernel.group_errors(
+            np.asarray(xs, np.uint32), np.asarray(scales, np.uint16), f.qmin, f.qmax, out
+        )
+    finally:
+        kernel.lane_width(default)
     for j, sc in enumerate(scales):
         want = group_error_reference(xs, sc, _nearest(xs, sc, f.qmin, f.qmax))
         assert Fraction(float(out[j])) == want, f"scale {sc:#06x}"
+
+
+def _native(words: np.ndarray, fmt: str) -> tuple[bytes, bytes]:
+    f = FORMATS[fmt]
+    assert f.group_size is not None
+    n, k = words.shape
+    codes = np.empty((n, k), dtype=np.int8)
+    scales = np.empty((n, -(-k // f.group_size)), dtype=np.uint16)
+    host.encode_rows(words, "F32", f, 0, codes, scales, "t", profile=MSE_F16_SEARCH_V1)
+    return codes.tobytes(), scales.tobytes()
+
+
+@pytest.mark.parametrize("fmt", GROUPED)
+def test_both_lane_widths_write_the_same_bytes(fmt: str) -> None:
+    rng = np.random.default_rng(11)
+    cases = [w for _, w in mse_boundary_corpus(FORMATS[fmt])]
+    cases.append((rng.standard_normal((16, 700)).astype(np.float32) * 0.02).view(np.uint32))
+    results = []
+    for width in WIDTHS:
+        default = _at_width(width)
+        try:
+            results.append([_native(w, fmt) for w in cases])
+        finally:
+            kernel.lane_width(default)
+    assert all(r == results[0] for r in results)
+
+
+def test_lane_width_refuses_other_widths() -> None:
+    with pytest.raises(ValueError, match="lane_width: 4, or 8"):
+        kernel.lane_width(16)
