@@ -121,7 +121,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_ORACLE_GROUPS = 16
-"""Groups per grouped tensor re-encoded with the oracle (about 4 ms each for G = 64)."""
+"""Groups per grouped tensor re-encoded with the exact reference of its encoder profile (the
+cost per group of each profile: docs/cli.md, verify `--oracle-groups`)."""
 DEFAULT_SEED = 0x5EED
 """Seed of the oracle group sample; with the tensor name it fixes the groups chosen."""
 Device = Literal["auto", "cpu", "cuda"]
