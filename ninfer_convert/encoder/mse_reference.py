@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ..layouts.base import ceil_div
 from .oracle import BINARY16, BINARY32, OracleFailure, encode_matrix
+from .oracle import dyadic32 as _dyadic32
 
 __all__ = [
     "CANDIDATE_RATIOS",
@@ -72,15 +73,6 @@ def _rne64(m: int, e: int) -> tuple[int, int]:
         return m, e
     n = _shift_rne(mag, quantum - e)
     return (-n if m < 0 else n), quantum
-
-
-def _dyadic32(word: int) -> tuple[int, int]:
-    sign = -1 if word >> 31 else 1
-    exp = (word >> 23) & 0xFF
-    frac = word & BINARY32.frac_mask
-    if exp == 0:
-        return sign * frac, -149
-    return sign * (frac | 0x800000), exp - 150
 
 
 def _dyadic16(word: int) -> tuple[int, int]:

@@ -91,7 +91,7 @@ def round_to_binary(value: Fraction, fmt: BinaryFormat, *, negative_zero: bool =
     return sign | ((e + fmt.bias) << fmt.frac_bits) | (n - (1 << fmt.frac_bits))
 
 
-def _dyadic(word: int) -> tuple[int, int]:
+def dyadic32(word: int) -> tuple[int, int]:
     """A finite binary32 word as an exact (signed integer m, exponent e) with value m * 2^e."""
     sign = -1 if word >> 31 else 1
     exp = (word >> 23) & 0xFF
@@ -149,11 +149,11 @@ def encode_group_oracle(x_words: list[int], qmin: int, qmax: int) -> tuple[int, 
     if (scale16 >> 10) & 0x1F == 0x1F:
         raise OracleFailure(-1, -1, -1, float(raw_scale32))
     scale32 = decode_binary(scale16, BINARY16)  # exact binary16 -> binary32
-    inv_m, inv_e = _dyadic(round_to_binary(1 / scale32, BINARY32))
+    inv_m, inv_e = dyadic32(round_to_binary(1 / scale32, BINARY32))
     codes = []
     for w in x_words:
         # normalized32 = round_f32(x * inv32): the exact product of two dyadics is dyadic.
-        x_m, x_e = _dyadic(w)
+        x_m, x_e = dyadic32(w)
         n_m, n_e = _round_dyadic32(x_m * inv_m, x_e + inv_e)
         # round_to_integral_ties_to_even(normalized32), exactly.
         rounded = n_m << n_e if n_e >= 0 else _shift_rne(n_m, -n_e)
