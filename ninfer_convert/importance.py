@@ -32,6 +32,7 @@ from .container.wire import digest_hex
 from .errors import ArtifactError, RecipeError, SourceError, UsageError
 from .formats import lookup_profile
 from .source import open_source
+from .source.header import parse_header_bytes
 
 if TYPE_CHECKING:
     from .recipe.plan import Plan, PlanEntry
@@ -157,17 +158,18 @@ def vectors_from_artifact(
     """Parse the artifact's importance side file (already digest-checked by the caller)."""
     if data is None:
         return None
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="ninfer-importance-") as tmp:
-        p = Path(tmp) / IMPORTANCE_FILE
-        p.write_bytes(data)
-        try:
-            return load_importance(p).vectors
-        except (UsageError, SourceError) as exc:
-            raise ArtifactError(
-                f"the importance side file is invalid: {exc.message}", path=where
-            ) from None
+    try:
+        header = parse_header_bytes(data, IMPORTANCE_FILE)
+        out: dict[str, npt.NDArray[np.uint32]] = {}
+        for name, entry in header.tensors.items():
+            _check_vector(name, entry.dtype, entry.shape, IMPORTANCE_FILE)
+            words = np.frombuffer(data, dtype="<u4", count=entry.shape[0], offset=entry.begin)
+            out[name] = _frozen(words)
+    except (UsageError, SourceError) as exc:
+        raise ArtifactError(
+            f"the importance side file is invalid: {exc.message}", path=where
+        ) from None
+    return MappingProxyType(out)
 
 
 def importance_bytes(
@@ -280,6 +282,23 @@ def _check_suffix(p: Path) -> None:
         )
 
 
+def _check_vector(name: str, dtype: str, shape: tuple[int, ...], where: str) -> None:
+    if dtype != "F32" or len(shape) != 1 or shape[0] < 1:
+        raise UsageError(
+            f"importance vector {name!r} is {dtype} with shape {list(shape)}; "
+            "every entry must be a non-empty one-dimensional F32 vector",
+            path=where,
+            hint="write the file with ninfer calibrate",
+        )
+
+
+def _frozen(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
+    """A read-only native uint32 copy of binary32 words."""
+    out = np.array(words, dtype=np.uint32, copy=True)
+    out.flags.writeable = False
+    return out
+
+
 def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     """Read every vector of an importance file (F32, rank one, non-empty).  The path must be
     a regular file: the source reader would also take a directory (as a model directory)."""
@@ -294,14 +313,6 @@ def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     src = open_source(Path(path))
     out: dict[str, npt.NDArray[np.uint32]] = {}
     for name, info in src.tensors.items():
-        if info.dtype != "F32" or len(info.shape) != 1 or info.shape[0] < 1:
-            raise UsageError(
-                f"importance vector {name!r} is {info.dtype} with shape {list(info.shape)}; "
-                "every entry must be a non-empty one-dimensional F32 vector",
-                path=str(path),
-                hint="write the file with ninfer calibrate",
-            )
-        words = np.array(src.read(name).words, dtype=np.uint32, copy=True)
-        words.flags.writeable = False
-        out[name] = words
+        _check_vector(name, info.dtype, info.shape, str(path))
+        out[name] = _frozen(src.read(name).words)
     return ImportanceSet(str(path), MappingProxyType(out))

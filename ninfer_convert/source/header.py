@@ -258,6 +258,34 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             raw = f.read(n)
     except OSError as exc:
         raise SourceError(f"cannot read: {exc.strerror or exc}", path=where) from exc
+    return _checked_header(p, raw, file_size)
+
+
+def parse_header_bytes(data: bytes, where: str) -> SafetensorsHeader:
+    """Validate a whole safetensors file held in memory by the rules of :func:`parse_header`
+    (``where`` names it in errors and is the header's ``path``)."""
+    if len(data) < 8:
+        raise SourceError(
+            f"file is {len(data)} bytes, too small for a safetensors header",
+            kind="source_header",
+            path=where,
+            hint="the file is truncated or not a safetensors file",
+        )
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_HEADER_BYTES or 8 + n > len(data):
+        raise SourceError(
+            f"header length {n} runs past the end of the {len(data)}-byte file",
+            kind="source_header",
+            path=where,
+            hint="the file is truncated",
+        )
+    return _checked_header(Path(where), bytes(data[8 : 8 + n]), len(data))
+
+
+def _checked_header(p: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
+    """Validate the header text ``raw`` of the ``file_size``-byte file ``p``."""
+    where = str(p)
+    n = len(raw)
     try:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
