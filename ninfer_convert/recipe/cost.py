@@ -12,6 +12,7 @@ elements never warn.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -87,6 +88,12 @@ class PaddingWarning:
         }
 
 
+@functools.cache
+def _limits(format: str) -> Fraction:
+    """The largest physical bits per weight of ``format`` that does not warn."""
+    return Fraction(lookup_format(format).logical_bits_per_weight) * (1 + PADDING_TOLERANCE)
+
+
 def padding_warning(
     tensor: str, format: str, shape: tuple[int, ...], encoded_bytes: int
 ) -> PaddingWarning | None:
@@ -97,9 +104,12 @@ def padding_warning(
     if numel == 0:
         return None
     nominal = lookup_format(format).logical_bits_per_weight
-    physical = Fraction(8 * encoded_bytes, numel)
-    if physical <= Fraction(nominal) * (1 + PADDING_TOLERANCE):
+    # The same exact test as ``physical <= nominal * (1 + tolerance)`` in integers: this runs
+    # once per tensor, and Fraction arithmetic cost more than the rest of planning a tiny tensor.
+    limit = _limits(format)
+    if 8 * encoded_bytes * limit.denominator <= limit.numerator * numel:
         return None
+    physical = Fraction(8 * encoded_bytes, numel)
     excess = physical / Fraction(nominal) - 1
     return PaddingWarning(tensor, format, tuple(shape), nominal, float(physical), float(excess))
 
