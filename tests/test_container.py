@@ -241,10 +241,10 @@ def test_writer_hands_each_tensor_to_writeback_as_it_is_written(
                 w.add(f"w{i}", "BF16", logical, role="r", provenance=provenance("BF16"))
         return out
 
-    from ninfer_convert.container import writer as writer_module
+    from ninfer_convert.container import shardfile
 
     # Tiny tensors: every new page is handed over at once (the default waits for 8 MiB).
-    monkeypatch.setattr(writer_module, "_WRITEBACK_BATCH", 1)
+    monkeypatch.setattr(shardfile, "_WRITEBACK_BATCH", 1)
     monkeypatch.setattr(os, "posix_fadvise", record)
     out = write(tmp_path / "m")
     monkeypatch.undo()

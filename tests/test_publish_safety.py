@@ -21,6 +21,8 @@ from artifact_fixtures import META, provenance, write_small
 from doc_schema import doc_example, same_shape
 
 import ninfer_convert.container.publish as publish
+import ninfer_convert.container.renames as container_renames
+import ninfer_convert.container.resources as resources
 from ninfer_convert import open_artifact
 from ninfer_convert.cli import main
 from ninfer_convert.container import ArtifactWriter
@@ -239,7 +241,7 @@ def faults(
         for name in _OPS:
             m.setattr(os, name, wrap(name, getattr(os, name)))
         m.setattr(shutil, "rmtree", wrap("rmtree", shutil.rmtree))
-        m.setattr(publish, "_rename2", wrap("renameat2", publish._rename2))
+        m.setattr(container_renames, "_rename2", wrap("renameat2", container_renames._rename2))
         yield calls
 
 
@@ -269,7 +271,7 @@ def test_a_fault_at_any_publish_step_leaves_old_or_new_complete(
     before: str,
     exc: Callable[[], BaseException],
 ) -> None:
-    if exchange and publish._renameat2() is None:
+    if exchange and container_renames._renameat2() is None:
         pytest.skip("renameat2 is not reachable here")
     # Durability is not what is tested here: fsync is still counted and made to fail in turn.
     monkeypatch.setattr(os, "fsync", lambda fd: None)
@@ -336,7 +338,7 @@ def test_file_system_without_rename_exchange_falls_back(
         ctypes.set_errno(errno.EINVAL)  # what renameat2 says where the flag is unsupported
         return -1
 
-    monkeypatch.setattr(publish, "_renameat2", lambda: unsupported)
+    monkeypatch.setattr(container_renames, "_renameat2", lambda: unsupported)
     out = write_small(tmp_path / "out", ["BF16"])
     renames: list[tuple[str, str]] = []
     real = os.rename
@@ -560,7 +562,7 @@ def test_planned_size_matches_the_writer_for_every_format(tmp_path: Path) -> Non
 
 
 def _no_space(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
-    monkeypatch.setattr(publish, "disk_free", lambda path: free)
+    monkeypatch.setattr(resources, "disk_free", lambda path: free)
 
 
 def test_too_little_space_is_refused_before_reading_the_source(
@@ -600,7 +602,7 @@ def test_write_failures_are_resource_errors_with_a_clean_staging_area(
     code: int,
     words: str,
 ) -> None:
-    import ninfer_convert.container.writer as writer_mod
+    import ninfer_convert.container.shardwriter as shardwriter
 
     real_open = open
     written = [0]
@@ -630,7 +632,7 @@ def test_write_failures_are_resource_errors_with_a_clean_staging_area(
         fh = real_open(path, mode, *args, **kwargs)
         return Failing(fh) if "w" in mode else fh
 
-    monkeypatch.setattr(writer_mod, "open", failing_open, raising=False)
+    monkeypatch.setattr(shardwriter, "open", failing_open, raising=False)
     out = tmp_path / "out"
     status, _, err = _convert(["--output", str(out)], capsys)
     assert status == 7, err
@@ -675,7 +677,7 @@ def test_unwritable_output_parent_is_a_resource_error(
     monkeypatch.setattr(os, "open", refusing_open)
     code, _, err = _convert(["--output", str(parent / "out")], capsys)
     assert code == 7 and "permission denied" in err and "Traceback" not in err
-    monkeypatch.setattr(publish, "_can_create_in", lambda directory: False)
+    monkeypatch.setattr(resources, "_can_create_in", lambda directory: False)
     code, _, err = _convert(["--output", str(parent / "out"), "--dry-run"], capsys)
     assert code == 7 and "cannot create the output here" in err
     assert list(parent.iterdir()) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ninfer_convert import open_artifact
-from ninfer_convert.container.publish import _renameat2
+from ninfer_convert.container.renames import _renameat2
 from ninfer_convert.convert import convert_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

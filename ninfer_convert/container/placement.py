@@ -1,0 +1,150 @@
+"""Where the writer puts a tensor's planes and when it starts a new shard, and the exact size an
+artifact laid out by those rules takes (docs/container.md section 8, "Sharding"; section 3 for
+alignment and gaps).
+
+Contract: planes are appended at the shard's cursor, each at the next multiple of the
+alignment (:func:`_placement`); a tensor that would end past ``max_shard_size`` starts a new
+shard unless it would be the shard's first (:func:`_starts_new_shard`).  The writer and
+:func:`planned_size` both place tensors with these two functions, so the size planned before a
+convert is the size it writes (tests compare them for every format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..errors import NinferError, UsageError
+from ..formats import lookup_format
+from ..layouts import Layout, PlaneSpec, check_combination
+from .checks import check_alignment
+from .schema import (
+    ArtifactMeta,
+    Header,
+    IndexFile,
+    IndexShard,
+    PlaneEntry,
+    Provenance,
+    SchemaError,
+    ShardInfo,
+    SideFile,
+    TensorEntry,
+)
+from .wire import DEFAULT_ALIGNMENT, PRELUDE_SIZE, align_up, canonical_json, shard_name
+
+__all__ = ["INDEX_VERSION", "check_writer_alignment", "planned_size"]
+
+INDEX_VERSION = 1
+
+
+def _usage(exc: SchemaError, what: str) -> NinferError:
+    return exc.as_error(UsageError, what)
+
+
+def check_writer_alignment(alignment: object) -> None:
+    """A usable plane alignment (an int, a power of two in [64, 2^30]), else a UsageError."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        raise UsageError(f"alignment must be an int, not {alignment!r}")
+    try:
+        check_alignment(alignment, "alignment")
+    except SchemaError as exc:
+        raise _usage(exc, "ArtifactWriter") from None
+
+
+def _placement(cursor: int, nbytes: Iterable[int], alignment: int) -> tuple[list[int], int]:
+    """Offsets of consecutive planes appended at ``cursor`` and the end of the last one."""
+    offsets = []
+    for n in nbytes:
+        cursor = align_up(cursor, alignment)
+        offsets.append(cursor)
+        cursor += n
+    return offsets, cursor
+
+
+_Geometry = tuple[Layout, tuple[int, ...], Sequence[PlaneSpec], tuple[int, ...]]
+
+
+def _geometry_key(fmt_name: object, shape: object) -> tuple[str, tuple[int, ...]] | None:
+    """The cache key of a (format, shape) whose layout answer may be reused: exact types only
+    (a list, a numpy integer or a bool dimension takes the checked path every time)."""
+    if type(fmt_name) is str and type(shape) is tuple and all(type(d) is int for d in shape):
+        return fmt_name, shape
+    return None
+
+
+def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> bool:
+    """docs/container.md section 8, "Sharding"."""
+    return max_shard is not None and has_tensors and end > max_shard
+
+
+_DIGEST_PLACEHOLDER = "0" * 32  # every digest in a header or index is 32 hex digits
+
+
+def planned_size(
+    tensors: Iterable[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]],
+    *,
+    metadata: ArtifactMeta | Mapping[str, Any],
+    side_files: Iterable[tuple[str, int]],
+    alignment: int = DEFAULT_ALIGNMENT,
+    max_shard_size: int | None = None,
+) -> int:
+    """The exact bytes an artifact of these ``(name, format, shape, role, provenance)`` tensors
+    and ``(name, size)`` side files takes (shards with preludes, gaps, planes and headers, the
+    index, the side files), laid out by the writer's own rules.  ``metadata`` must have the
+    final shape (digests are fixed-length, so placeholders give the same size)."""
+    check_writer_alignment(alignment)
+    if isinstance(metadata, Mapping):
+        metadata = ArtifactMeta.from_json({**metadata, "alignment": alignment}, "metadata")
+    sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
+    cursors = [PRELUDE_SIZE]
+    shards: list[list[TensorEntry]] = [[]]
+    geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
+    for name, fmt_name, shape, role, provenance in tensors:
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else geometry.get(key)
+        if known is None:
+            layout = check_combination(fmt_name, lookup_format(fmt_name).layout)
+            dims = layout.check_shape(fmt_name, shape)
+            known = (layout, dims, layout.planes(fmt_name, dims),
+                     layout.physical_extents(fmt_name, dims))  # fmt: skip
+            if key is not None:
+                geometry[key] = known
+        layout, dims, specs, physical = known
+        offsets, end = _placement(cursors[-1], (s.nbytes for s in specs), alignment)
+        if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
+            cursors.append(PRELUDE_SIZE)
+            shards.append([])
+            offsets, end = _placement(PRELUDE_SIZE, (s.nbytes for s in specs), alignment)
+        planes = tuple(
+            PlaneEntry(s.name, o, s.nbytes, _DIGEST_PLACEHOLDER)
+            for s, o in zip(specs, offsets, strict=True)
+        )
+        entry = TensorEntry(
+            name=name,
+            format=fmt_name,
+            layout=layout.name,
+            shape=dims,
+            physical=physical,
+            planes=planes,
+            role=role,
+            provenance=Provenance.from_json(provenance, "provenance"),
+        )
+        shards[-1].append(entry)
+        cursors[-1] = end
+    count = len(shards)
+    total = sum(f.size for f in sides)
+    index_shards = []
+    plane_total = 0
+    for number, (cursor, entries) in enumerate(zip(cursors, shards, strict=True), start=1):
+        header = Header(
+            artifact=metadata, files=sides, shard=ShardInfo(number, count), tensors=tuple(entries)
+        )
+        size = cursor + len(canonical_json(header.to_json()))
+        total += size
+        index_shards.append(IndexShard(shard_name(number, count), size, _DIGEST_PLACEHOLDER))
+        plane_total += sum(p.nbytes for t in entries for p in t.planes)
+    if count > 1:
+        weight_map = {t.name: shard_name(n, count) for n, es in enumerate(shards, 1) for t in es}
+        index = IndexFile(INDEX_VERSION, plane_total, tuple(index_shards), weight_map)
+        total += len(canonical_json(index.to_json()))
+    return total
