@@ -3,7 +3,7 @@
 Contract (docs/cli.md, "ninfer calibrate"):
 
 * The source model directory is loaded with transformers exactly as ``ninfer eval`` loads it
-  (:func:`~ninfer_convert.evaluate.load_source_model`, float32, the ``interop`` extra; without
+  (:func:`~ninfer_convert.eval_model.load_source_model`, float32, the ``interop`` extra; without
   it a :class:`~ninfer_convert.errors.UsageError` names the extra).
 * The calibration texts are the packaged default set
   (``ninfer_convert/data/calibration-text.txt``, deliberately different from eval's default
@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import SourceError, UsageError
-from .evaluate import _parse_prompts, _tokenize, load_source_model
+from .eval_model import _parse_prompts, _tokenize, load_source_model
 from .importance import write_importance_file
 
 __all__ = ["Calibration", "calibrate_source", "default_calibration_texts", "write_calibration"]

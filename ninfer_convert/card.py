@@ -97,8 +97,18 @@ def render_readme(
     plan: Plan, config: Mapping[str, object] | None, *, kept_source_card: bool
 ) -> str:
     """The card's Markdown text for ``plan`` and the source's config.json (deterministic)."""
+    lines = _title(plan)
+    lines += _source_section(plan, config, kept_source_card)
+    lines += _recipe_section(plan)
+    lines += _tensors_section(plan)
+    lines += _padding_section(plan)
+    lines += _verification_section(plan)
+    return "\n".join(lines)
+
+
+def _title(plan: Plan) -> list[str]:
+    """The heading, the producer line and the recipe's description."""
     r = plan.recipe
-    cfg = config
     lines = [
         f"# {r.name} (NInfer artifact)",
         "",
@@ -109,7 +119,14 @@ def render_readme(
     ]
     if r.description:
         lines += [" ".join(r.description.split()), ""]
-    lines += [
+    return lines
+
+
+def _source_section(
+    plan: Plan, cfg: Mapping[str, object] | None, kept_source_card: bool
+) -> list[str]:
+    """The "## Source" section: the checkpoint, its config.json identity, tensor and file counts."""
+    lines = [
         "## Source",
         "",
         f"- checkpoint: `{os.path.abspath(plan.source_path)}` ({plan.source_kind})",
@@ -131,7 +148,13 @@ def render_readme(
         lines.append(f"- {_n(len(plan.skipped), 'source tensor')} skipped by the recipe")
     if kept_source_card:
         lines.append(f"- the source's model card is kept unchanged as `{SOURCE_README_NAME}`")
-    lines += [
+    return lines
+
+
+def _recipe_section(plan: Plan) -> list[str]:
+    """The "## Recipe" section: name, version, digest and whether the identity checks held."""
+    r = plan.recipe
+    lines = [
         "",
         "## Recipe",
         "",
@@ -143,7 +166,12 @@ def render_readme(
     else:
         lines.append("- **the recipe's identity checks were overridden** (`--ignore-identity`):")
         lines += [f"  - {_cell(m)}" for m in plan.identity_mismatches]
-    lines += [
+    return lines
+
+
+def _tensors_section(plan: Plan) -> list[str]:
+    """The "## Tensors" section: the per-(role, format) table, then the per-format totals table."""
+    lines = [
         "",
         "## Tensors",
         "",
@@ -183,24 +211,35 @@ def render_readme(
         "Bits per weight are physical: 8 x stored plane bytes / elements, layout padding "
         "included, container headers and alignment gaps excluded.",
     ]
+    return lines
+
+
+def _padding_section(plan: Plan) -> list[str]:
+    """The padding-cost warnings (none: no lines), at most ``WARNINGS_SHOWN`` of them."""
     warnings = padding_warnings(plan.entries)
-    if warnings:
-        lines += [
-            "",
-            f"{_n(len(warnings), 'tensor')} more than 10 % above the nominal bits per weight "
-            "of the format (layout padding; docs/recipes.md 7.1 of ninfer-convert):",
-            "",
-        ]
-        lines += [
-            f"- `{w.tensor}` {w.format} {list(w.shape)}: {w.physical_bits_per_weight:.3f} "
-            f"bits per weight (nominal {w.nominal_bits_per_weight:g})"
-            for w in warnings[:WARNINGS_SHOWN]
-        ]
-        if len(warnings) > WARNINGS_SHOWN:
-            lines.append(f"- ... and {len(warnings) - WARNINGS_SHOWN} more")
+    if not warnings:
+        return []
+    lines = [
+        "",
+        f"{_n(len(warnings), 'tensor')} more than 10 % above the nominal bits per weight "
+        "of the format (layout padding; docs/recipes.md 7.1 of ninfer-convert):",
+        "",
+    ]
+    lines += [
+        f"- `{w.tensor}` {w.format} {list(w.shape)}: {w.physical_bits_per_weight:.3f} "
+        f"bits per weight (nominal {w.nominal_bits_per_weight:g})"
+        for w in warnings[:WARNINGS_SHOWN]
+    ]
+    if len(warnings) > WARNINGS_SHOWN:
+        lines.append(f"- ... and {len(warnings) - WARNINGS_SHOWN} more")
+    return lines
+
+
+def _verification_section(plan: Plan) -> list[str]:
+    """The "## Verification" section: what convert checked, and how to verify the artifact."""
     profiles = sorted({e.encoder_profile for e in plan.entries if e.encoder_profile})
     copies = sorted({e.copy for e in plan.entries if e.copy})
-    lines += [
+    return [
         "",
         "## Verification",
         "",
@@ -235,7 +274,6 @@ def render_readme(
         "measure model quality.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def copied_side_files(plan: Plan, src: SourceCheckpoint) -> list[tuple[SideFileSource, str]]:

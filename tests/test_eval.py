@@ -280,7 +280,7 @@ def test_greedy_continuations_ignore_the_checkpoints_generation_config(tmp_path:
 
     import torch
 
-    from ninfer_convert.evaluate import _run_causal
+    from ninfer_convert.eval_metrics import _run_causal
 
     src = tmp_path / "src"
     shutil.copytree(BF16_DIR, src)
@@ -377,7 +377,7 @@ def test_deeply_nested_source_json_is_a_typed_error_not_a_recursion_error(
 ) -> None:
     import shutil
 
-    from ninfer_convert.evaluate import _pooling
+    from ninfer_convert.eval_metrics import _pooling
 
     src = tmp_path / "src"
     shutil.copytree(BF16_DIR, src)
@@ -437,7 +437,7 @@ def test_encoder_metrics_compare_the_two_models_row_by_row() -> None:
     embeddings whose cosines and nearest neighbours differ."""
     import torch
 
-    from ninfer_convert.evaluate import _encoder_metrics
+    from ninfer_convert.eval_metrics import _encoder_metrics
 
     src = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]], dtype=torch.float64)
     art = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.9]], dtype=torch.float64)
@@ -455,7 +455,7 @@ def test_causal_metrics_direction_shift_and_greedy_prefix() -> None:
     logits at t; greedy agreement is the common prefix (identical runs alone cannot tell)."""
     import torch
 
-    from ninfer_convert.evaluate import _causal_metrics, _CausalRun
+    from ninfer_convert.eval_metrics import _causal_metrics, _CausalRun
 
     ls = torch.tensor([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0], [1.0, 1.0, 1.0]])
     la = torch.tensor([[0.0, 0.5, 3.0], [0.0, 3.0, 0.5], [1.0, 1.0, 1.0]])

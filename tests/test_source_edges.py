@@ -678,9 +678,9 @@ def test_negative_zero_stays_legal_in_config_json(tmp_path: Path) -> None:
 def test_more_side_files_than_the_cap_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ninfer_convert.source import checkpoint
+    from ninfer_convert.source import side_files
 
-    monkeypatch.setattr(checkpoint, "MAX_SIDE_FILES", 3)
+    monkeypatch.setattr(side_files, "MAX_SIDE_FILES", 3)
     root = model_dir(tmp_path / "m")
     for i in range(2):
         (root / f"s{i}.txt").write_text("x")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ninfer_convert.errors import SourceError
 from ninfer_convert.source import parse_header
-from ninfer_convert.source.header import MAX_HEADER_BYTES
+from ninfer_convert.source.header import DTYPES, MAX_HEADER_BYTES, OPAQUE_DTYPES
 
 
 def raw_file(path: Path, header: bytes | str | dict[str, object], data: bytes = b"") -> Path:
@@ -145,6 +145,45 @@ def test_malformed_headers_rejected(tmp_path: Path, change: str, needle: str) ->
         parse_header(p)
     assert info.value.kind == "source_header" and info.value.path == str(p)
     assert needle in str(info.value)  # the message names the broken rule
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "dtype",
+        "f4",
+        "shape-negative",
+        "shape-not-list",
+        "offsets-len",
+        "offsets-reversed",
+        "size",
+        "extra-key",
+        "missing-key",
+        "entry-not-object",
+    ],
+)
+def test_a_bad_entry_error_names_its_tensor(tmp_path: Path, change: str) -> None:
+    header, data = _mutated(change)
+    p = raw_file(tmp_path / "bad.safetensors", header, data)
+    with pytest.raises(SourceError) as info:
+        parse_header(p)
+    assert (info.value.kind, info.value.path, info.value.tensor) == ("source_header", str(p), "a")
+    assert str(info.value).startswith(f"{p}: tensor 'a': ")
+
+
+def test_an_unknown_dtype_or_an_impossible_shape_says_what_to_do(tmp_path: Path) -> None:
+    header, data = _mutated("dtype")
+    with pytest.raises(SourceError) as info:
+        parse_header(raw_file(tmp_path / "bad.safetensors", header, data))
+    assert info.value.hint == "known: " + ", ".join([*DTYPES, *OPAQUE_DTYPES])
+    h = {"a": {"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]}}
+    with pytest.raises(SourceError) as info:
+        parse_header(raw_file(tmp_path / "big.safetensors", h))
+    assert info.value.hint == "no real tensor has this shape; the header is corrupt or hostile"
+    header, data = _mutated("size")
+    with pytest.raises(SourceError) as info:
+        parse_header(raw_file(tmp_path / "bad.safetensors", header, data))
+    assert info.value.hint is None
 
 
 def test_framing_errors(tmp_path: Path) -> None:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from .checkpoint import (
-    INDEX_NAME,
-    SIDE_FILE_LEFT_OUT,
-    SINGLE_NAME,
-    SideFileSource,
     SourceArray,
     SourceCheckpoint,
     SourceKind,
     SourceTensorInfo,
     digest_bytes,
-    open_source,
-    scan_side_files,
 )
 from .header import DTYPES, OPAQUE_DTYPES, DTypeInfo, parse_header
+from .opening import INDEX_NAME, SINGLE_NAME, open_source
+from .side_files import SIDE_FILE_LEFT_OUT, SideFileSource, scan_side_files
 
 __all__ = [
     "DTYPES",

@@ -372,57 +372,49 @@ def _check_name(name: str, where: str) -> None:
         ) from None
 
 
+def _entry_error(where: str, name: str, message: str, hint: str | None = None) -> SourceError:
+    """The error of one bad header entry (built only when an entry fails: none per tensor)."""
+    return SourceError(message, kind="source_header", path=where, tensor=name, hint=hint)
+
+
 def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
+    # One call per tensor (100,000 for a large MoE checkpoint): the checks run inline, and
+    # the errors are built by _entry_error only when one fails.
     _check_name(name, where)
     if not isinstance(spec, dict):
-        raise SourceError(
-            "header entry is not an object", kind="source_header", path=where, tensor=name
-        )
+        raise _entry_error(where, name, "header entry is not an object")
     keys = set(spec)
     if keys != {"dtype", "shape", "data_offsets"}:
         extra = sorted(keys - {"dtype", "shape", "data_offsets"})
         missing = sorted({"dtype", "shape", "data_offsets"} - keys)
-        raise SourceError(
-            f"header entry has unexpected keys {extra} / missing keys {missing}",
-            kind="source_header",
-            path=where,
-            tensor=name,
+        raise _entry_error(
+            where, name, f"header entry has unexpected keys {extra} / missing keys {missing}"
         )
     dtype = spec["dtype"]
     if not isinstance(dtype, str) or (dtype not in DTYPES and dtype not in OPAQUE_DTYPES):
-        raise SourceError(
+        raise _entry_error(
+            where,
+            name,
             f"dtype {dtype!r} is not a safetensors dtype",
-            kind="source_header",
-            path=where,
-            tensor=name,
             hint="known: " + ", ".join([*DTYPES, *OPAQUE_DTYPES]),
         )
     shape = spec["shape"]
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise SourceError(
-            f"shape {shape!r} is not a list of non-negative integers",
-            kind="source_header",
-            path=where,
-            tensor=name,
-        )
+        raise _entry_error(where, name, f"shape {shape!r} is not a list of non-negative integers")
     if len(shape) > MAX_NDIM:
-        raise SourceError(
-            f"shape has {len(shape)} dimensions; at most {MAX_NDIM} are supported",
-            kind="source_header",
-            path=where,
-            tensor=name,
+        raise _entry_error(
+            where, name, f"shape has {len(shape)} dimensions; at most {MAX_NDIM} are supported"
         )
     bits = dtype_bits(dtype)
     extent = 1
     for d in shape:
         extent *= d or 1  # Python ints: no silent wrap-around
     if extent * ((bits + 7) // 8) > MAX_TENSOR_BYTES:
-        raise SourceError(
+        raise _entry_error(
+            where,
+            name,
             f"shape {shape} of {dtype} spans more than {MAX_TENSOR_BYTES} bytes "
             "(product of the non-zero dimensions times the item size)",
-            kind="source_header",
-            path=where,
-            tensor=name,
             hint="no real tensor has this shape; the header is corrupt or hostile",
         )
     offsets = spec["data_offsets"]
@@ -432,30 +424,25 @@ def _entry(name: str, spec: object, where: str, data_start: int) -> TensorEntry:
         or not all(_is_int(o) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1]
     ):
-        raise SourceError(
-            f"data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end",
-            kind="source_header",
-            path=where,
-            tensor=name,
+        raise _entry_error(
+            where, name, f"data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end"
         )
     numel = 1
     for d in shape:
         numel *= d
     if numel * bits % 8:
-        raise SourceError(
+        raise _entry_error(
+            where,
+            name,
             f"shape {shape} of {dtype} ({bits}-bit elements) does not fill whole bytes "
             f"({numel} elements * {bits} bits is not a multiple of 8)",
-            kind="source_header",
-            path=where,
-            tensor=name,
         )
     expected = numel * bits // 8
     begin, end = offsets
     if end - begin != expected:
-        raise SourceError(
+        raise _entry_error(
+            where,
+            name,
             f"data_offsets span {end - begin} bytes but shape {shape} of {dtype} needs {expected}",
-            kind="source_header",
-            path=where,
-            tensor=name,
         )
     return TensorEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
