@@ -23,7 +23,7 @@ from ninfer_convert.container import open_artifact
 from ninfer_convert.convert import convert_checkpoint, plan_conversion
 from ninfer_convert.errors import EncodeError
 from ninfer_convert.scheduler import batches
-from ninfer_convert.verify import engine as engine_module
+from ninfer_convert.verify import runner as runner_module
 from ninfer_convert.verify import verify_artifact
 
 RECIPE = """\
@@ -233,8 +233,8 @@ def test_no_cyclic_garbage_per_tensor_while_the_collector_is_paused(
     gc.collect()
     convert_checkpoint(src, recipe, out, device="cpu", jobs=2)
     monkeypatch.setattr(convert_module, "derive_packed", real_derive)
-    real_check = engine_module._check_tensor
-    monkeypatch.setattr(engine_module, "_check_tensor",
+    real_check = runner_module.check_tensor
+    monkeypatch.setattr(runner_module, "check_tensor",
                         collect_at_last(real_check, lambda a: a[1]))  # fmt: skip
 
     with open_artifact(out) as art:

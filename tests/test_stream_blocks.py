@@ -353,7 +353,7 @@ def test_transpose_of_a_concat_reads_tiles_not_the_concatenation(
 def test_verify_admits_derived_grouped_inputs_that_stream(tmp_path: Path) -> None:
     # verify counts a grouped tensor against its memory budget only when its input is built
     # whole: a transpose of a concat now streams, a transpose of a transpose does not.
-    from ninfer_convert.verify.engine import _input_streams
+    from ninfer_convert.verify.tensor_checks import input_streams
 
     a = torch.zeros((64, 64), dtype=torch.bfloat16)
     src = _source(tmp_path / "m", {n: a.clone() for n in ("a", "b", "c", "d")})
@@ -378,4 +378,4 @@ def test_verify_admits_derived_grouped_inputs_that_stream(tmp_path: Path) -> Non
         """,
         src,
     )
-    assert [_input_streams(e[n]) for n in ("ct", "tt", "rt")] == [True, False, True]
+    assert [input_streams(e[n]) for n in ("ct", "tt", "rt")] == [True, False, True]

@@ -645,15 +645,15 @@ def test_error_statistics_against_a_binary64_reference() -> None:
 
 @pytest.mark.parametrize("size", [0, 7, 8, (1 << 20) + 13])
 def test_plane_comparison_finds_a_difference_in_any_position(size: int) -> None:
-    from ninfer_convert.verify.engine import _bytes_equal
+    from ninfer_convert.verify.tensor_checks import bytes_equal
 
     a = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    assert _bytes_equal(a, a.copy())
-    assert not _bytes_equal(a, a[: size - 1] if size else np.zeros(1, np.uint8))
+    assert bytes_equal(a, a.copy())
+    assert not bytes_equal(a, a[: size - 1] if size else np.zeros(1, np.uint8))
     for pos in {0, size // 2, size - 1} if size else set():
         b = a.copy()
         b[pos] ^= 0x01
-        assert not _bytes_equal(a, b), pos
+        assert not bytes_equal(a, b), pos
 
 
 def test_tiny_errors_are_neither_exact_nor_lost_to_underflow() -> None:

@@ -5,8 +5,10 @@ Public API::
     report = verify_artifact("out/model-dir", source=None, device="auto", jobs=2)
     report.passed, report.exit_code, report.checks, report.first_mismatch, report.to_json()
 
-See :mod:`.engine` for the contract of the checks, :mod:`.report` for the report and its JSON
-schema (documented in docs/cli.md), and :mod:`.compare` for the bit-exact comparisons.
+See :mod:`.engine` for the contract of the checks (the driver; the checks themselves are in
+:mod:`.artifact_checks`, :mod:`.prepare`, :mod:`.source_identity`, :mod:`.tensor_checks` and
+:mod:`.runner`), :mod:`.report` for the report and its JSON schema (documented in docs/cli.md),
+and :mod:`.compare` for the bit-exact comparisons.
 """
 
 from __future__ import annotations

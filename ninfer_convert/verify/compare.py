@@ -230,43 +230,66 @@ def oracle_sample(
         lo, hi = group * g, min(k, (group + 1) * g)
         x = to_f32(np.ascontiguousarray(source_words[row : row + 1, lo:hi]), source_dtype)
         x_words = [int(w) for w in x.view(np.uint32).reshape(-1)]
-        try:
-            if weights is None:
-                scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax)
-            else:
-                w = [int(v) for v in weights[lo:hi]]
-                scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax, w)
-        except OracleFailure:
-            word = int(stored_rows.scales[position[row], group])
-            mismatches.append(
-                Mismatch(
-                    tensor, "scales", (row, group), row, group, None, -1, word,
-                    "encoder refuses this group", f"0x{word:04x}", 1, len(picks),
-                )
-            )  # fmt: skip
-            continue
-        stored_scale = int(stored_rows.scales[position[row], group])
-        if stored_scale != scale:
-            mismatches.append(
-                Mismatch(
-                    tensor, "scales", (row, group), row, group, None, scale, stored_scale,
-                    f"0x{scale:04x}", f"0x{stored_scale:04x}", 1, len(picks),
-                )
-            )  # fmt: skip
-        stored = stored_rows.codes[position[row], lo:hi].astype(np.int64)
-        expect = np.asarray(codes, dtype=np.int64)
-        diff = np.flatnonzero(stored != expect)
-        if diff.size:
-            col = lo + int(diff[0])
-            e, f = int(expect[diff[0]]), int(stored[diff[0]])
-            mismatches.append(
-                Mismatch(
-                    tensor, "codes", (row, col), row, group, col, e, f,
-                    _text(e, 1, True), _text(f, 1, True), int(diff.size), hi - lo,
-                )
-            )  # fmt: skip
+        w = None if weights is None else [int(v) for v in weights[lo:hi]]
+        mismatches += _group_mismatches(
+            fmt, tensor, (row, group), (lo, hi), x_words, w, group_encoder,
+            int(stored_rows.scales[position[row], group]), stored_rows.codes[position[row], lo:hi],
+            len(picks),
+        )  # fmt: skip
     mismatches.sort(key=lambda m: (m.row or 0, m.group or 0, m.plane))
     return len(picks), mismatches
+
+
+def _group_mismatches(
+    fmt: NumericFormat,
+    tensor: str,
+    at: tuple[int, int],
+    columns: tuple[int, int],
+    x_words: list[int],
+    weights: list[int] | None,
+    group_encoder: Callable[..., tuple[int, list[int]]],
+    stored_scale: int,
+    stored_codes: npt.NDArray[np.int8],
+    picked: int,
+) -> list[Mismatch]:
+    """The sampled group ``at`` = (row, group), ``columns`` [lo, hi), re-encoded from its
+    binary32 words against its stored scale and codes: its scale and codes mismatches, or the
+    refusal."""
+    assert fmt.qmin is not None and fmt.qmax is not None
+    (row, group), (lo, hi) = at, columns
+    try:
+        if weights is None:
+            scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax)
+        else:
+            scale, codes = group_encoder(x_words, fmt.qmin, fmt.qmax, weights)
+    except OracleFailure:
+        return [
+            Mismatch(
+                tensor, "scales", (row, group), row, group, None, -1, stored_scale,
+                "encoder refuses this group", f"0x{stored_scale:04x}", 1, picked,
+            )
+        ]  # fmt: skip
+    out: list[Mismatch] = []
+    if stored_scale != scale:
+        out.append(
+            Mismatch(
+                tensor, "scales", (row, group), row, group, None, scale, stored_scale,
+                f"0x{scale:04x}", f"0x{stored_scale:04x}", 1, picked,
+            )
+        )  # fmt: skip
+    stored = stored_codes.astype(np.int64)
+    expect = np.asarray(codes, dtype=np.int64)
+    diff = np.flatnonzero(stored != expect)
+    if diff.size:
+        col = lo + int(diff[0])
+        e, f = int(expect[diff[0]]), int(stored[diff[0]])
+        out.append(
+            Mismatch(
+                tensor, "codes", (row, col), row, group, col, e, f,
+                _text(e, 1, True), _text(f, 1, True), int(diff.size), hi - lo,
+            )
+        )  # fmt: skip
+    return out
 
 
 def error_stats(

@@ -1,0 +1,133 @@
+"""Checks of an opened artifact beyond the reader's own, needing no source.
+
+Contract: :func:`artifact_level_findings` are ``structure`` findings (container-like files in
+the artifact's directory that are not part of it); :func:`recipe_digest_findings` and
+:func:`importance_findings` are ``integrity`` findings (``recipe.digest`` against the recorded
+recipe text; the ``importance.safetensors`` side file against the provenance that records its
+digests).  :func:`integrity_order` is the sort key that puts verify's ``integrity`` findings in
+the order :meth:`~ninfer_convert.container.Artifact.integrity_problems` reports (shard by
+shard, each shard's own findings, then its tensors' gaps and plane digests; side files last).
+:func:`stored_importance` reads the importance vectors the source checks re-derive with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from ..container import Artifact
+from ..errors import ArtifactError, IntegrityError, NinferError
+from ..importance import IMPORTANCE_FILE, vector_digest, vectors_from_artifact
+from .report import Finding
+
+__all__ = [
+    "artifact_level_findings",
+    "importance_findings",
+    "integrity_order",
+    "recipe_digest_findings",
+    "stored_importance",
+]
+
+
+def integrity_order(shards: dict[str, int], tensors: dict[str, int], f: Finding) -> tuple[int, int]:
+    shard = shards.get(f.path or "", len(shards))  # a side file sorts after every shard
+    return shard, -1 if f.tensor is None else tensors.get(f.tensor, -1)
+
+
+def stored_importance(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | None:
+    """The artifact's importance vectors (its side file, digest-checked on read), or None."""
+    if IMPORTANCE_FILE not in art.side_files:
+        return None
+    return vectors_from_artifact(art.read_side_file(IMPORTANCE_FILE), str(art.path))
+
+
+def artifact_level_findings(art: Artifact) -> list[Finding]:
+    """``structure`` findings of an artifact that opened: container-like files in its
+    directory that are not part of it (a stale shard beside ``model.ninfer``)."""
+    return [
+        Finding.of(
+            "structure",
+            ArtifactError(
+                f"{name!r} looks like a container file but is not part of this artifact",
+                path=str(art.directory / name),
+                hint="a leftover of another conversion; remove it, or convert into an empty "
+                "directory",
+            ),
+        )
+        for name in art.stray_files
+    ]
+
+
+def importance_findings(art: Artifact) -> list[Finding]:
+    """docs/container.md (side file entry): ``importance.safetensors`` exists exactly when some
+    tensor's provenance records an ``importance`` digest, holds exactly those tensors' entries,
+    and each entry's digest is the recorded one.  Needs no source, so it runs with
+    ``--no-source`` too.  A side file whose own digest fails is reported by
+    ``integrity_problems`` already (nothing is added here)."""
+    where = str((art.path if art.path.is_dir() else art.path.parent) / IMPORTANCE_FILE)
+    recorded = {
+        name: info.entry.provenance.importance
+        for name, info in art.tensors.items()
+        if info.entry.provenance.importance is not None
+    }
+
+    def problem(message: str, tensor: str | None) -> Finding:
+        hint = "the header or the side file was edited after conversion; convert again"
+        return Finding.of(
+            "integrity", IntegrityError(message, path=where, tensor=tensor, hint=hint)
+        )
+
+    if IMPORTANCE_FILE not in art.side_files:
+        if not recorded:
+            return []
+        first = next(iter(recorded))
+        return [
+            problem(
+                f"{len(recorded)} tensors record an importance digest (first: {first}) but the "
+                f"artifact has no side file {IMPORTANCE_FILE}",
+                first,
+            )
+        ]
+    try:
+        vectors = stored_importance(art) or {}
+    except IntegrityError:
+        return []
+    except NinferError as exc:
+        return [problem(exc.message, None)]
+    out = []
+    for name, digest in recorded.items():
+        if name not in vectors:
+            out.append(problem(f"provenance.importance is {digest} but the side file has no "
+                               f"entry named {name!r}", name))  # fmt: skip
+        elif vector_digest(vectors[name]) != digest:
+            out.append(problem(f"provenance.importance is {digest} but the side file's entry "
+                               f"has digest {vector_digest(vectors[name])}", name))  # fmt: skip
+    for name in sorted(set(vectors) - set(recorded)):
+        out.append(problem(f"the side file has an entry {name!r} for a tensor that records no "
+                           "importance digest", name))  # fmt: skip
+    return out
+
+
+def recipe_digest_findings(art: Artifact) -> list[Finding]:
+    """``recipe.digest`` against the recorded recipe text: ``sha256:<hex>`` of its UTF-8
+    bytes, the definition of :attr:`ninfer_convert.recipe.Recipe.digest`."""
+    from ..container.wire import RECIPE_DIGEST_ALGORITHM, recipe_digest
+
+    recipe = art.meta.recipe
+    algorithm, sep, recorded = recipe.digest.partition(":")
+    if not sep or algorithm != RECIPE_DIGEST_ALGORITHM:
+        message = (
+            f"recipe.digest {recipe.digest[:80]!r} is not 'sha256:<hex>', the only form verify "
+            "can check, so the recorded recipe text is unprotected"
+        )
+    else:
+        actual = recipe_digest(recipe.text).partition(":")[2]
+        if actual == recorded:
+            return []
+        message = (
+            f"recipe.digest is sha256:{recorded[:80]} but the recorded recipe text hashes to "
+            f"sha256:{actual} (the text or the digest changed)"
+        )
+    return [Finding.of("integrity", IntegrityError(message, path=str(art.files[0])))]
