@@ -10,7 +10,7 @@ scanner recurses once per level).
 
 The ``.ninfer`` reader is the one exception to "first": it parses first and runs the scan only
 when the parse or its schema refuses the document, because a schema-valid header is shallow by
-construction (container/reader.py ``_typed``), and only while Python's recursion limit is low
+construction (``container.typed_json``), and only while Python's recursion limit is low
 enough that the parser's C recursion cannot overflow the stack.  :func:`scan` also counts the
 object members (colons outside strings), and :func:`compact_members` counts them without a
 pass over the string literals; that reader compares the count with its typed value to find

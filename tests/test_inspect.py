@@ -130,8 +130,8 @@ def test_tensor_statistics_in_blocks_equal_the_whole_tensor(
 ) -> None:
     """``--tensor`` decodes the stored planes a block at a time; with blocks that do not
     divide the tensors the statistics are those of the whole decoded tensor (every format)."""
-    from ninfer_convert import inspect as inspect_module
     from ninfer_convert.formats import lookup_format
+    from ninfer_convert.inspect import details as inspect_module
 
     monkeypatch.setattr(inspect_module, "_BLOCK", 50)  # several blocks per tensor, a short tail
     with open_artifact(artifact) as art:
@@ -151,9 +151,9 @@ def test_tensor_statistics_of_scaled_copies_hold_a_block(
 
     from artifact_fixtures import META, make_logical, provenance
 
-    from ninfer_convert import inspect as inspect_module
     from ninfer_convert.container import ArtifactWriter
     from ninfer_convert.formats import lookup_format
+    from ninfer_convert.inspect import details as inspect_module
 
     shape = (512, 1024)
     with ArtifactWriter(tmp_path / "m", metadata=META) as w:

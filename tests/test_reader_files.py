@@ -151,7 +151,7 @@ def test_fifos_devices_and_links_are_refused_without_hanging(tmp_path: Path) -> 
 
 
 def test_a_linked_folder_in_a_side_file_path_is_refused(tmp_path: Path) -> None:
-    from ninfer_convert.container.reader import open_in_directory
+    from ninfer_convert.container.dir_snapshot import open_in_directory
 
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "x.json").write_text("{}")

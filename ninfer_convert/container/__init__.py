@@ -7,7 +7,9 @@ any consumer).
 
 from __future__ import annotations
 
-from .reader import Artifact, PlaneInfo, TensorInfo, check_artifact_path, open_artifact
+from .artifact import Artifact, PlaneInfo, TensorInfo
+from .artifact_path import check_artifact_path
+from .reader import open_artifact
 from .schema import (
     ArtifactMeta,
     ConcatTransform,
