@@ -6,8 +6,9 @@
  * (source 2, uint16 words) values into int8 codes [n, k] and binary16 scale words
  * [n, ceil(k/group)], bit-identical to the oracle in encoder/oracle.py.  A binary16 row is
  * widened exactly to binary32 (w_f16_to_f32, every word tested) into a one-row buffer that
- * stays in L1, then encoded as binary32: one pass over the source, no block-sized copy.  It returns None, or a tuple describing the first refusal in
- * row-major order: ("nonfinite", row, column) or ("overflow", row, group, raw_scale).
+ * stays in L1, then encoded as binary32: one pass over the source, no block-sized copy.  It
+ * returns None, or a tuple describing the first refusal in row-major order: ("nonfinite", row,
+ * column) or ("overflow", row, group, raw_scale).
  *
  * Why the arithmetic is exactly Section 7: on x86-64 (and AArch64) C float arithmetic is
  * IEEE binary32 with FLT_EVAL_METHOD 0 (SSE/NEON, no x87 excess precision); the build passes
@@ -27,9 +28,10 @@
  * Arguments are checked before anything is read: 1 <= group, 0 <= n, 1 <= k, source 0-2,
  * -128 <= qmin < 0 < qmax <= 127 (codes are int8, and the clamp bounds must be exact floats),
  * and every buffer size is computed with overflow-checked multiplication (no signed
- * overflow).  The input may sit at any address (a BF16 tensor at an odd offset of a memory
- * mapped file): an input not aligned to its word size is copied to an aligned scratch block
- * first, so every typed access below is aligned; the outputs must be aligned (ValueError).
+ * overflow); the checks _msekernel.c makes too are _encode_args.h's.  The input may sit at
+ * any address (a BF16 tensor at an odd offset of a memory mapped file): an input not aligned
+ * to its word size is copied to an aligned scratch block first, so every typed access below
+ * is aligned; the outputs must be aligned (ValueError).
  *
  * With a `stats` buffer (three float64, or None) the same pass also returns verify's error
  * statistics of the block: (max |e|, sum e^2, sum x^2) with e = x - s32 * q, the exact
@@ -48,6 +50,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_encode_args.h"
+#include "_ieee.h"
+
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) ||   \
     defined(__RECIPROCAL_MATH__) || defined(__ASSOCIATIVE_MATH__) || defined(__NO_SIGNED_ZEROS__)
 #error "_hostkernel needs IEEE arithmetic: build without -ffast-math or its parts"
@@ -56,13 +61,10 @@
 #error "_hostkernel needs FLT_EVAL_METHOD == 0 (binary32 evaluated as binary32, no x87)"
 #endif
 
-static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t bits_from_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
 /* binary32 -> binary16, round to nearest, ties to even; finite non-negative input. */
 static uint16_t f32_to_f16_rne(float f) {
-    uint32_t ax = bits_from_f32(f) & 0x7FFFFFFFu;
-    if (ax >= 0x477FF000u) return 0x7C00u; /* >= 65520 = halfway above 65504: rounds to inf */
+    uint32_t ax = bits_from_f32(f) & F32_MAG;
+    if (ax >= 0x477FF000u) return F16_INF; /* >= 65520 = halfway above 65504: rounds to inf */
     if (ax >= 0x38800000u) {               /* >= 2^-14: a normal binary16 */
         /* Rebias the exponent (127 - 15 = 112) and round away the low 13 fraction bits:
          * adding 0xFFF plus the last kept bit carries exactly when the dropped part is above
@@ -73,7 +75,7 @@ static uint16_t f32_to_f16_rne(float f) {
     uint32_t e = ax >> 23;
     if (e == 0) return 0; /* binary32 subnormals are far below half of 2^-24 */
     /* value = m * 2^(e - 150); in units of 2^-24 that is m >> (126 - e), rounded RNE. */
-    uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t m = (ax & F32_FRAC) | (1u << 23);
     uint32_t shift = 126u - e; /* >= 14 here */
     if (shift > 24u) return 0; /* below 2^-25 (m < 2^24): rounds to zero */
     uint32_t q = m >> shift;
@@ -96,7 +98,7 @@ static inline double pow2d(int k) {
 
 /* Exact binary16 -> binary32 for finite non-negative words. */
 static float f16_to_f32(uint16_t h) {
-    if ((h >> 10) == 0) return (float)h * 5.9604644775390625e-08f; /* h * 2^-24, exact */
+    if ((h >> 10) == 0) return (float)h * 0x1p-24f; /* h * 2^-24 (5.9604644775390625e-08), exact */
     return f32_from_bits(((uint32_t)h << 13) + (112u << 23));
 }
 
@@ -111,11 +113,11 @@ static inline uint32_t w_f16_to_f32(uint32_t h) {
      * 127 - 15, inf/NaN by twice that (exponent field 255, payload kept), and a subnormal
      * f * 2^-24 is (2^-14 + f * 2^-24) - 2^-14: one exact binary32 subtraction (both operands
      * normal, the difference representable). */
-    uint32_t o = (h & 0x7FFFu) << 13, e = o & 0x0F800000u;
+    uint32_t o = (h & F16_MAG) << 13, e = o & (F16_EXP << 13);
     uint32_t normal = o + (112u << 23), special = o + (224u << 23);
     uint32_t sub = bits_from_f32(f32_from_bits(o + (113u << 23)) - f32_from_bits(113u << 23));
-    uint32_t mag = pick(e == 0x0F800000u, special, pick(e == 0, sub, normal));
-    return mag | ((h & 0x8000u) << 16);
+    uint32_t mag = pick(e == (F16_EXP << 13), special, pick(e == 0, sub, normal));
+    return mag | ((h & F16_SIGN) << 16);
 }
 
 /* One binary16 row widened to binary32 words, exactly (a row of a source-2 block). */
@@ -148,10 +150,6 @@ static widen_fn pick_widen(void) {
 #else
 static widen_fn pick_widen(void) { return widen_row; }
 #endif
-
-static PyObject *refusal_nonfinite(Py_ssize_t row, Py_ssize_t col) {
-    return Py_BuildValue("(snn)", "nonfinite", row, col);
-}
 
 /* One value of a group: multiply by the reciprocal, clamp, round half to even (|q| <= 127 after
  * the clamp, far inside the trick's exact range), store the code; then THEN (a statement that
@@ -213,7 +211,7 @@ typedef double v4d __attribute__((vector_size(32)));
                 LOAD8;                                                                         \
                 memcpy(&q8, qf + j, sizeof q8);                                                \
                 v8f e = x - s8 * q8;                                                           \
-                v8i ae = (v8i)e & 0x7FFFFFFF;                                                  \
+                v8i ae = (v8i)e & (int32_t)F32_MAG;                                            \
                 v8i more = ae > gmax;                                                          \
                 gmax = (ae & more) | (gmax & ~more);                                           \
                 v8f es = e * up8, xs = x * up8; /* exact: a power of two, no overflow */       \
@@ -230,7 +228,7 @@ typedef double v4d __attribute__((vector_size(32)));
             }                                                                                  \
             float x1 = LOAD1;                                                                  \
             float e1 = x1 - sf[gi] * qf[j];                                                    \
-            int32_t ae1 = (int32_t)(bits_from_f32(e1) & 0x7FFFFFFFu);                          \
+            int32_t ae1 = (int32_t)(bits_from_f32(e1) & F32_MAG);                              \
             gmax[0] = ae1 > gmax[0] ? ae1 : gmax[0];                                           \
             float es1 = e1 * up, xs1 = x1 * up;                                                \
             rse[0][0] += (double)(es1 * es1);                                                  \
@@ -253,7 +251,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                         float qmaxf, int8_t *out, uint16_t *sc, Py_ssize_t *bad_row_out,
                         Py_ssize_t *bad_col_out, float *bad_raw_out, double *stats, float *qf,
                         float *sf, uint32_t *wide, widen_fn widen) {
-    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    const float magic = 0x1.8p+23f; /* 1.5 * 2^23 (12582912) */
     int kind = 0; /* 0 ok, 1 non-finite, 2 overflow */
     v8i gmax = {0}; /* bits of the largest |e| per lane */
     v4d dse[2] = {{0}}, dsx[2] = {{0}}; /* binary64 sums of squares, 8 lanes */
@@ -274,13 +272,13 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 const uint16_t *p = w16 + r * k;
                 int16_t m16 = 0; /* sign-cleared BF16 words fit a signed 16-bit max */
                 for (Py_ssize_t i = a; i < b; i++) {
-                    int16_t v = (int16_t)(p[i] & 0x7FFFu);
+                    int16_t v = (int16_t)(p[i] & BF16_MAG);
                     m16 = v > m16 ? v : m16;
                 }
                 amax_bits = (uint32_t)m16;
-                if (amax_bits >= 0x7F80u) { /* inf or NaN somewhere in this group */
+                if (amax_bits >= BF16_EXP) { /* inf or NaN somewhere in this group */
                     for (Py_ssize_t i = a; i < b; i++)
-                        if ((p[i] & 0x7F80u) == 0x7F80u) { bad_col = i; break; }
+                        if ((p[i] & BF16_EXP) == BF16_EXP) { bad_col = i; break; }
                     kind = 1; bad_row = r; break;
                 }
                 amax_bits <<= 16;
@@ -288,13 +286,13 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
                 const uint32_t *p = row32;
                 int32_t m32 = 0; /* sign-cleared binary32 words fit a signed 32-bit max */
                 for (Py_ssize_t i = a; i < b; i++) {
-                    int32_t v = (int32_t)(p[i] & 0x7FFFFFFFu);
+                    int32_t v = (int32_t)(p[i] & F32_MAG);
                     m32 = v > m32 ? v : m32;
                 }
                 amax_bits = (uint32_t)m32;
-                if (amax_bits >= 0x7F800000u) {
+                if (amax_bits >= F32_EXP) {
                     for (Py_ssize_t i = a; i < b; i++)
-                        if ((p[i] & 0x7F800000u) == 0x7F800000u) { bad_col = i; break; }
+                        if ((p[i] & F32_EXP) == F32_EXP) { bad_col = i; break; }
                     kind = 1; bad_row = r; break;
                 }
             }
@@ -312,7 +310,7 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
             float raw = f32_from_bits(amax_bits) / qmaxf;
             uint16_t s16 = f32_to_f16_rne(raw);
             if (s16 == 0) s16 = 1; /* 2^-24 underflow rescue */
-            if (s16 == 0x7C00u) { kind = 2; bad_row = r; bad_col = g; bad_raw = raw; break; }
+            if (s16 == F16_INF) { kind = 2; bad_row = r; bad_col = g; bad_raw = raw; break; }
             sc[r * groups + g] = s16;
             const float s32 = f16_to_f32(s16);
             const float inv = 1.0f / s32;
@@ -368,14 +366,6 @@ static int encode_block(const uint16_t *w16, const uint32_t *w32, int source, Py
     return kind;
 }
 
-/* a * b into *out when it fits a non-negative Py_ssize_t (both non-negative), else 0. */
-static int mul_size(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out) {
-    if (a < 0 || b < 0) return 0;
-    if (b != 0 && a > PY_SSIZE_T_MAX / b) return 0;
-    *out = a * b;
-    return 1;
-}
-
 static PyObject *encode_rows(PyObject *self, PyObject *args) {
     Py_buffer words, codes, scales, stats = {0};
     PyObject *stats_obj = Py_None;
@@ -391,22 +381,14 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
         return NULL;
     }
-    const char *why = NULL;
-    const Py_ssize_t wsize = source == 1 ? 4 : 2;
-    Py_ssize_t groups = 0, cells = 0, wbytes = 0, sbytes = 0, scratch = 0;
-    if (group <= 0 || n < 0 || k <= 0 || source < 0 || source > 2)
-        why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16), 1 (binary32) "
-              "or 2 (binary16)";
-    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
-        why = "encode_rows: need -128 <= qmin < 0 < qmax <= 127";
-    else {
-        groups = k / group + (k % group != 0); /* no k + group - 1: it could overflow */
-        if (!mul_size(n, k, &cells) || !mul_size(cells, wsize, &wbytes) ||
-            !mul_size(n, groups, &sbytes) || !mul_size(sbytes, 2, &sbytes) ||
-            k > PY_SSIZE_T_MAX - groups || !mul_size(k + groups, (Py_ssize_t)sizeof(float),
-                                                     &scratch))
-            why = "encode_rows: n, k and group give a buffer size that overflows";
-        else if (words.len < wbytes || codes.len < cells || scales.len < sbytes ||
+    block_sizes b;
+    Py_ssize_t scratch = 0;
+    const char *why = check_block(source, n, k, group, qmin, qmax, &b);
+    if (why == NULL) {
+        if (k > PY_SSIZE_T_MAX - b.groups ||
+            !mul_size(k + b.groups, (Py_ssize_t)sizeof(float), &scratch))
+            why = BLOCK_OVERFLOWS;
+        else if (words.len < b.wbytes || codes.len < b.cells || scales.len < b.sbytes ||
                  (have_stats && (stats.len < 3 * (Py_ssize_t)sizeof(double) ||
                                  stats.itemsize != (Py_ssize_t)sizeof(double) ||
                                  stats.format == NULL || strcmp(stats.format, "d") != 0)))
@@ -427,14 +409,14 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
      * load below is a defined, aligned access. */
     void *aligned = NULL;
     const void *wbuf = words.buf;
-    if ((uintptr_t)words.buf % (uintptr_t)wsize != 0) {
-        aligned = PyMem_Malloc(wbytes > 0 ? (size_t)wbytes : 1);
+    if ((uintptr_t)words.buf % (uintptr_t)b.wsize != 0) {
+        aligned = PyMem_Malloc(b.wbytes > 0 ? (size_t)b.wbytes : 1);
         if (aligned == NULL) {
             PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
             if (have_stats) PyBuffer_Release(&stats);
             return PyErr_NoMemory();
         }
-        memcpy(aligned, words.buf, (size_t)wbytes);
+        memcpy(aligned, words.buf, (size_t)b.wbytes);
         wbuf = aligned;
     }
     /* One row's rounded codes and group scales as binary32, for the statistics, and one
@@ -461,7 +443,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     float bad_raw = 0.0f;
 
     Py_BEGIN_ALLOW_THREADS
-    kind = encode_block(w16, w32, source, n, k, group, groups, lo, hi, qmaxf, out, sc, &bad_row,
+    kind = encode_block(w16, w32, source, n, k, group, b.groups, lo, hi, qmaxf, out, sc, &bad_row,
                         &bad_col, &bad_raw, st, qf, sf, wide, widen);
     Py_END_ALLOW_THREADS
 
@@ -470,9 +452,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     PyMem_Free(qf);
     PyMem_Free(wide);
     PyMem_Free(aligned);
-    if (kind == 1) return refusal_nonfinite(bad_row, bad_col);
-    if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
-    Py_RETURN_NONE;
+    return block_result(kind, bad_row, bad_col, bad_raw);
 }
 
 static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
@@ -512,15 +492,15 @@ static PyObject *f32_to_f16_words(PyObject *self, PyObject *args) {
  */
 /* binary32 -> BF16 RNE; inf/NaN pass through with their top bits, NaN with the quiet bit. */
 static inline uint32_t w_f32_to_bf16(uint32_t w) {
-    uint32_t nonfinite = (w & 0x7F800000u) == 0x7F800000u;
-    uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
-    uint32_t pass = (w >> 16) | pick((w & 0x7FFFFFu) != 0, 0x40u, 0u);
+    uint32_t nonfinite = (w & F32_EXP) == F32_EXP;
+    uint32_t rounded = (w + ((1u << 15) - 1u) + ((w >> 16) & 1u)) >> 16; /* 2^15 - 1: half less 1 */
+    uint32_t pass = (w >> 16) | pick((w & F32_FRAC) != 0, 0x40u, 0u);
     return pick(nonfinite, pass, rounded);
 }
 
 static inline uint32_t w_overflows(uint32_t w, uint32_t bf) {
     /* a finite binary32 whose BF16 rounding is infinite */
-    return ((w & 0x7F800000u) != 0x7F800000u) & ((bf & 0x7F80u) == 0x7F80u);
+    return ((w & F32_EXP) != F32_EXP) & ((bf & BF16_EXP) == BF16_EXP);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -534,7 +514,7 @@ static int convert_block(int op, const void *in, void *out, Py_ssize_t count) {
         uint32_t *dst = (uint32_t *)out;
         for (Py_ssize_t i = 0; i < count; i++) {
             uint32_t h = src[i];
-            nonfinite |= (h & 0x7C00u) == 0x7C00u;
+            nonfinite |= (h & F16_EXP) == F16_EXP;
             dst[i] = w_f16_to_f32(h);
         }
     } else if (op == 1) {
@@ -542,7 +522,7 @@ static int convert_block(int op, const void *in, void *out, Py_ssize_t count) {
         uint32_t *dst = (uint32_t *)out;
         for (Py_ssize_t i = 0; i < count; i++) {
             uint32_t h = src[i];
-            nonfinite |= (h & 0x7F80u) == 0x7F80u;
+            nonfinite |= (h & BF16_EXP) == BF16_EXP;
             dst[i] = h << 16;
         }
     } else if (op == 2) {
@@ -550,7 +530,7 @@ static int convert_block(int op, const void *in, void *out, Py_ssize_t count) {
         uint16_t *dst = (uint16_t *)out;
         for (Py_ssize_t i = 0; i < count; i++) {
             uint32_t w = src[i], bf = w_f32_to_bf16(w);
-            nonfinite |= (w & 0x7F800000u) == 0x7F800000u;
+            nonfinite |= (w & F32_EXP) == F32_EXP;
             overflow |= w_overflows(w, bf);
             dst[i] = (uint16_t)bf;
         }
@@ -559,7 +539,7 @@ static int convert_block(int op, const void *in, void *out, Py_ssize_t count) {
         uint16_t *dst = (uint16_t *)out;
         for (Py_ssize_t i = 0; i < count; i++) {
             uint32_t h = src[i], w = w_f16_to_f32(h), bf = w_f32_to_bf16(w);
-            nonfinite |= (h & 0x7C00u) == 0x7C00u;
+            nonfinite |= (h & F16_EXP) == F16_EXP;
             overflow |= w_overflows(w, bf);
             dst[i] = (uint16_t)bf;
         }
@@ -572,7 +552,7 @@ static Py_ssize_t first_flagged(int op, const void *in, Py_ssize_t count, int wh
     for (Py_ssize_t i = 0; i < count; i++) {
         uint32_t w = (op == 2) ? ((const uint32_t *)in)[i] : ((const uint16_t *)in)[i];
         if (which == 1) {
-            uint32_t m = op == 2 ? 0x7F800000u : (op == 1 ? 0x7F80u : 0x7C00u);
+            uint32_t m = op == 2 ? F32_EXP : (op == 1 ? BF16_EXP : F16_EXP);
             if ((w & m) == m) return i;
         } else {
             uint32_t wide = op == 3 ? w_f16_to_f32(w) : w;

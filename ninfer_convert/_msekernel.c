@@ -63,8 +63,8 @@
  * Vectorised across candidates: one group is read once, and for each value every one of the 14
  * candidates (padded to LANES with copies of candidate 0, which never win a tie against it) is
  * advanced by the same statements, eight or four lanes to a vector (GCC vector extensions, so
- * the vector code does not depend on the auto-vectoriser; the width is picked at load time).  Each lane is its own sequential sum
- * in index order; the lanes never mix.
+ * the vector code does not depend on the auto-vectoriser; the width is picked at load time).
+ * Each lane is its own sequential sum in index order; the lanes never mix.
  *
  * The search multiplies by r = RN64(1 / s) instead of dividing (the division was three
  * quarters of the time), and that changes no error sum.  y = RN64(x * r) is within a relative
@@ -86,14 +86,18 @@
  * the tie to the earlier index, as the document's choice rule says.
  *
  * Arguments are checked before anything is read (sizes with overflow-checked multiplication;
- * -128 <= qmin < 0 < qmax <= 127); an input not aligned to its word size is copied to an
- * aligned block first; the scales output must be aligned (ValueError).
+ * -128 <= qmin < 0 < qmax <= 127; the checks _hostkernel.c makes too are _encode_args.h's);
+ * an input not aligned to its word size is copied to an aligned block first; the scales output
+ * must be aligned (ValueError).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <float.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_encode_args.h"
+#include "_ieee.h"
 
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) ||   \
     defined(__RECIPROCAL_MATH__) || defined(__ASSOCIATIVE_MATH__) || defined(__NO_SIGNED_ZEROS__)
@@ -106,18 +110,14 @@
 #define LANES 16      /* candidates evaluated together: 14 used, 2 copies of candidate 0 */
 #define CANDIDATES 14 /* candidate 0 (canonical), 1 (|qmin|), 2..13 (c = 29..40) */
 
-static inline float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint64_t bits_from_f64(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
-static inline double f64_from_bits(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
-
 /* Round half to even of |y| < 2^51: adding and removing 1.5 * 2^52 leaves the integer that
  * the addition rounded to (one RNE rounding; the subtraction is exact). */
-static const double MAGIC = 6755399441055744.0;
+static const double MAGIC = 0x1.8p+52; /* 6755399441055744 */
 
 /* binary64 -> binary16, round to nearest, ties to even; finite non-negative input. */
 static uint16_t f64_to_f16_rne(double v) {
-    if (v >= 65520.0) return 0x7C00u; /* halfway above 65504 and beyond: rounds to +inf */
-    if (v >= 6.103515625e-05) {       /* >= 2^-14: a normal binary16 */
+    if (v >= 0x1.ffep+15) return F16_INF; /* 65520, halfway above 65504, and beyond: +inf */
+    if (v >= 0x1p-14) { /* >= 2^-14 (6.103515625e-05): a normal binary16 */
         /* Rebias the exponent (1023 - 15 = 1008) and round away the low 42 fraction bits:
          * adding 2^41 - 1 plus the last kept bit carries exactly when the dropped part is
          * above half, or equal to half with an odd kept part; a carry may bump the exponent
@@ -127,20 +127,20 @@ static uint16_t f64_to_f16_rne(double v) {
     }
     /* Subnormal range: v * 2^24 (exact, a power of two) is below 1024; its RNE integer is the
      * word (1024 is the smallest normal 0x0400, encoded by the same bits). */
-    return (uint16_t)((v * 16777216.0 + MAGIC) - MAGIC);
+    return (uint16_t)((v * 0x1p+24 + MAGIC) - MAGIC); /* 2^24 = 16777216 */
 }
 
 /* Exact binary16 -> binary64 of a finite non-negative word. */
 static inline double f16_to_f64(uint16_t h) {
-    uint32_t e = (uint32_t)(h >> 10) & 0x1Fu, f = h & 0x3FFu;
-    if (e == 0) return (double)f * 5.9604644775390625e-08; /* f * 2^-24, exact */
+    uint32_t e = (uint32_t)(h >> 10) & 0x1Fu, f = h & F16_FRAC;
+    if (e == 0) return (double)f * 0x1p-24; /* f * 2^-24 (5.9604644775390625e-08), exact */
     return f64_from_bits(((uint64_t)(e + 1008) << 52) | ((uint64_t)f << 42));
 }
 
 /* Exact binary16 word (any sign, finite) -> binary64. */
 static inline double f16w_to_f64(uint16_t h) {
-    double m = f16_to_f64((uint16_t)(h & 0x7FFFu));
-    return (h & 0x8000u) ? -m : m;
+    double m = f16_to_f64((uint16_t)(h & F16_MAG));
+    return (h & F16_SIGN) ? -m : m;
 }
 
 /* GCC vector extensions: W binary64 lanes per vector, LANES / W vectors per group.  W = 8
@@ -245,7 +245,7 @@ static int encode_group(const double *x, const double *w, Py_ssize_t n, float am
     uint16_t s16[CANDIDATES];
     s16[0] = f64_to_f16_rne((double)raw);
     if (s16[0] == 0) s16[0] = 1; /* the 2^-24 rescue */
-    if (s16[0] == 0x7C00u) { *raw_out = raw; return 2; }
+    if (s16[0] == F16_INF) { *raw_out = raw; return 2; }
     const double amax = (double)amaxf;
     s16[1] = f64_to_f16_rne(amax / (double)(-qmin));
     for (int j = 2; j < CANDIDATES; j++)
@@ -255,7 +255,7 @@ static int encode_group(const double *x, const double *w, Py_ssize_t n, float am
     const double s0 = f16_to_f64(s16[0]);
     for (int j = 0; j < CANDIDATES; j++) {
         if (s16[j] == 0) s16[j] = 1;
-        usable[j] = s16[j] != 0x7C00u;
+        usable[j] = s16[j] != F16_INF;
         s[j] = usable[j] ? f16_to_f64(s16[j]) : s0; /* an infinite candidate is never chosen */
     }
     for (int l = CANDIDATES; l < LANES; l++) s[l] = s0;
@@ -304,23 +304,23 @@ static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k
                 const uint32_t *p = w32 + r * k;
                 uint32_t m = 0;
                 for (Py_ssize_t i = a; i < b; i++) {
-                    uint32_t v = p[i] & 0x7FFFFFFFu;
+                    uint32_t v = p[i] & F32_MAG;
                     m = v > m ? v : m;
                     xd[i - a] = (double)f32_from_bits(p[i]);
                 }
-                if (m >= 0x7F800000u) {
+                if (m >= F32_EXP) {
                     for (Py_ssize_t i = a; i < b; i++)
-                        if ((p[i] & 0x7F800000u) == 0x7F800000u) { *bad_col = i; break; }
+                        if ((p[i] & F32_EXP) == F32_EXP) { *bad_col = i; break; }
                     *bad_row = r;
                     return 1;
                 }
                 amax_bits = m;
             } else {
                 const uint16_t *p = w16 + r * k;
-                const uint32_t inf = source == 0 ? 0x7F80u : 0x7C00u;
+                const uint32_t inf = source == 0 ? BF16_EXP : F16_EXP;
                 uint32_t m = 0;
                 for (Py_ssize_t i = a; i < b; i++) {
-                    uint32_t v = p[i] & 0x7FFFu;
+                    uint32_t v = p[i] & BF16_MAG; /* = F16_MAG */
                     m = v > m ? v : m;
                 }
                 if (m >= inf) {
@@ -357,20 +357,13 @@ static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k
     return 0;
 }
 
-/* a * b into *out when it fits a non-negative Py_ssize_t (both non-negative), else 0. */
-static int mul_size(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out) {
-    if (a != 0 && b > PY_SSIZE_T_MAX / a) return 0;
-    *out = a * b;
-    return 1;
-}
-
 /* k binary32 weight words -> binary64 (exact), or a message when one is not finite and >= 0. */
 static const char *widen_weights(const Py_buffer *wb, Py_ssize_t k, double *wd) {
     const unsigned char *p = (const unsigned char *)wb->buf;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint32_t u;
         memcpy(&u, p + 4 * i, 4);
-        if ((u & 0x7F800000u) == 0x7F800000u || ((u >> 31) && u != 0x80000000u))
+        if ((u & F32_EXP) == F32_EXP || ((u >> 31) && u != F32_SIGN))
             return "encode_rows: every weight must be a finite binary32 word >= 0";
         wd[i] = (double)f32_from_bits(u);
     }
@@ -398,21 +391,13 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         if (have_w) PyBuffer_Release(&weights);
         return NULL;
     }
-    const char *why = NULL;
-    const Py_ssize_t wsize = source == 1 ? 4 : 2;
-    Py_ssize_t groups = 0, cells = 0, wbytes = 0, sbytes = 0, kbytes = 0;
-    if (group <= 0 || n < 0 || k <= 0 || source < 0 || source > 2)
-        why = "encode_rows: need group >= 1, n >= 0, k >= 1 and source 0 (BF16), 1 (binary32) "
-              "or 2 (binary16)";
-    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
-        why = "encode_rows: need -128 <= qmin < 0 < qmax <= 127";
-    else {
-        groups = k / group + (k % group != 0); /* no k + group - 1: it could overflow */
-        if (!mul_size(n, k, &cells) || !mul_size(cells, wsize, &wbytes) ||
-            !mul_size(n, groups, &sbytes) || !mul_size(sbytes, 2, &sbytes) ||
-            !mul_size(k, 8, &kbytes))
-            why = "encode_rows: n, k and group give a buffer size that overflows";
-        else if (words.len < wbytes || codes.len < cells || scales.len < sbytes ||
+    block_sizes b;
+    Py_ssize_t kbytes = 0;
+    const char *why = check_block(source, n, k, group, qmin, qmax, &b);
+    if (why == NULL) {
+        if (!mul_size(k, 8, &kbytes))
+            why = BLOCK_OVERFLOWS;
+        else if (words.len < b.wbytes || codes.len < b.cells || scales.len < b.sbytes ||
                  (have_w && weights.len != 4 * k))
             why = "encode_rows: inconsistent buffer sizes (weights: k binary32 words)";
         else if ((uintptr_t)scales.buf % sizeof(uint16_t) != 0)
@@ -427,10 +412,10 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     if (why == NULL) {
         xd = (double *)PyMem_Malloc((size_t)group * sizeof(double));
         wd = have_w ? (double *)PyMem_Malloc((size_t)k * sizeof(double)) : NULL;
-        if ((uintptr_t)words.buf % (uintptr_t)wsize != 0)
-            aligned = PyMem_Malloc(wbytes > 0 ? (size_t)wbytes : 1);
+        if ((uintptr_t)words.buf % (uintptr_t)b.wsize != 0)
+            aligned = PyMem_Malloc(b.wbytes > 0 ? (size_t)b.wbytes : 1);
         if (xd == NULL || (have_w && wd == NULL) ||
-            ((uintptr_t)words.buf % (uintptr_t)wsize != 0 && aligned == NULL)) {
+            ((uintptr_t)words.buf % (uintptr_t)b.wsize != 0 && aligned == NULL)) {
             PyMem_Free(xd); PyMem_Free(wd); PyMem_Free(aligned);
             PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
             if (have_w) PyBuffer_Release(&weights);
@@ -449,7 +434,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     }
     const void *wbuf = words.buf;
     if (aligned != NULL) {
-        memcpy(aligned, words.buf, (size_t)wbytes);
+        memcpy(aligned, words.buf, (size_t)b.wbytes);
         wbuf = aligned;
     }
     int kind;
@@ -457,7 +442,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     float bad_raw = 0.0f;
     double st[3] = {0.0, 0.0, 0.0};
     Py_BEGIN_ALLOW_THREADS
-    kind = encode_block(wbuf, source, n, k, group, groups, qmin, qmax, wd, xd,
+    kind = encode_block(wbuf, source, n, k, group, b.groups, qmin, qmax, wd, xd,
                         (int8_t *)codes.buf, (uint16_t *)scales.buf, &bad_row, &bad_col,
                         &bad_raw, have_st ? st : NULL);
     Py_END_ALLOW_THREADS
@@ -466,9 +451,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     PyBuffer_Release(&words); PyBuffer_Release(&codes); PyBuffer_Release(&scales);
     if (have_w) PyBuffer_Release(&weights);
     if (have_st) PyBuffer_Release(&stats);
-    if (kind == 1) return Py_BuildValue("(snn)", "nonfinite", bad_row, bad_col);
-    if (kind == 2) return Py_BuildValue("(snnd)", "overflow", bad_row, bad_col, (double)bad_raw);
-    Py_RETURN_NONE;
+    return block_result(kind, bad_row, bad_col, bad_raw);
 }
 
 static PyObject *group_errors(PyObject *self, PyObject *args) {
@@ -503,13 +486,13 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n && why == NULL; i++) {
             uint32_t u;
             memcpy(&u, (const unsigned char *)x.buf + 4 * i, 4);
-            if ((u & 0x7F800000u) == 0x7F800000u) why = "group_errors: values must be finite";
+            if ((u & F32_EXP) == F32_EXP) why = "group_errors: values must be finite";
             xd[i] = (double)f32_from_bits(u);
         }
         for (Py_ssize_t j = 0; j < m && why == NULL; j++) {
             uint16_t h;
             memcpy(&h, (const unsigned char *)scales.buf + 2 * j, 2);
-            if (h == 0 || h >= 0x7C00u) why = "group_errors: scales must be finite and > 0";
+            if (h == 0 || h >= F16_INF) why = "group_errors: scales must be finite and > 0";
         }
         if (have_w && why == NULL) {
             why = widen_weights(&weights, n, wd);

@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_ieee.h"
+
 #define K_ALIGN 128
 #define MAX_PLANES 3
 
@@ -56,7 +58,7 @@ CLONES static int row_valid(const int8_t *c, const uint16_t *s, Py_ssize_t k, Py
     if (lo < qmin || hi > qmax) return 0;
     for (Py_ssize_t g = 0; g < groups; g++) {
         const uint16_t w = s[g];
-        if ((w & 0x8000u) || (w & 0x7C00u) == 0x7C00u) return 0;
+        if ((w & F16_SIGN) || (w & F16_EXP) == F16_EXP) return 0;
         if (w == 0) {
             const Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
             uint8_t any = 0;
