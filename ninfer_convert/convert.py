@@ -26,6 +26,11 @@ Contract:
   replace, never the source) and the free space is compared with the plan's exact size.
 * :func:`check_output` makes the same destination, permission and free-space checks without
   writing anything (``convert --dry-run``).
+* The steps of :func:`convert_checkpoint`, in order: plan (:func:`plan_conversion`), choose
+  the encoding device, open the writer with the exact planned size, stream the tensors
+  (``_write_tensors``), digest the skipped tensors, add the side files, record the metadata
+  (:mod:`.artifact_metadata`), sign and publish.  Its results and progress events are the
+  records of :mod:`.convert_report`, exported here.
 * The model directory gets the source's side files (but the source's own ``model.sig``, which
   signs the source's files, not the artifact's) and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
@@ -44,22 +49,20 @@ Contract:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ._version import __version__
+from .artifact_metadata import artifact_metadata
 from .card import (
     README_NAME,
     SOURCE_README_NAME,
@@ -70,15 +73,11 @@ from .card import (
     side_file_names,
 )
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
-from .container.publish import (
-    Destination,
-    check_destination,
-    check_free_space,
-    check_writable,
-)
+from .container.publish import check_destination, check_free_space, check_writable
 from .container.schema import Provenance, paused_gc
 from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import Reservation, planned_size
+from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
@@ -95,7 +94,6 @@ from .recipe import Plan, PlanEntry, Recipe, build_plan
 from .scheduler import Batch, batches, bounded, inflight_budget, worker_pool
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
-from .source.hf_cache import cached_identity, repo_json
 
 __all__ = [
     "ConvertReport",
@@ -105,78 +103,6 @@ __all__ = [
     "convert_checkpoint",
     "plan_conversion",
 ]
-
-PRODUCER_NAME = "ninfer-convert"
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """Emitted after each tensor is written (and once at the start with ``done == 0``)."""
-
-    tensor: str | None
-    done: int
-    total: int
-    source_bytes_done: int
-    source_bytes_total: int
-    written_bytes: int
-    elapsed_s: float
-
-
-@dataclass(frozen=True)
-class ConvertReport:
-    output: Path
-    plan: Plan
-    device: str
-    jobs: int
-    tensors: int
-    source_bytes: int
-    written_bytes: int
-    files: tuple[str, ...]
-    elapsed_s: float
-    spot_checked_rows: int = 0
-    signature: SignatureStatus | None = None
-    notices: tuple[str, ...] = ()
-    """Stale staging folders restored or removed, remains kept (one line each)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        plan = self.plan.to_dict()
-        return {
-            "output": str(self.output),
-            "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
-            "source": os.path.abspath(self.plan.source_path),
-            "device": self.device,
-            "jobs": self.jobs,
-            "tensors": self.tensors,
-            "skipped": len(self.plan.skipped),
-            "source_bytes": self.source_bytes,
-            "written_bytes": self.written_bytes,
-            "files": list(self.files),
-            "elapsed_s": round(self.elapsed_s, 3),
-            "throughput_source_bytes_per_s": (
-                round(self.source_bytes / self.elapsed_s) if self.elapsed_s > 0 else None
-            ),
-            "totals": plan["totals"],
-            "spot_checked_rows": self.spot_checked_rows,
-            "warnings": plan["warnings"],
-            "signature": None if self.signature is None else self.signature.to_json(),
-            "notices": list(self.notices),
-        }
-
-
-@dataclass(frozen=True)
-class OutputCheck:
-    """What writing the plan to an output would do (``convert --dry-run --output``)."""
-
-    destination: Destination
-    needed_bytes: int
-    free_bytes: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.destination.to_dict(),
-            "needed_bytes": self.needed_bytes,
-            "free_bytes": self.free_bytes,
-        }
 
 
 def plan_conversion(
@@ -215,51 +141,13 @@ def plan_conversion(
 
 
 # ---------------------------------------------------------------------------------------------
-# provenance and metadata
+# provenance, destination checks and the planned size
 
 
 def _provenances(plan: Plan) -> dict[str, Provenance]:
     """Every entry's parsed provenance, built once per conversion (the size plan and the
     writer both take it as is)."""
     return {e.output: Provenance.from_json(provenance_of(e), "provenance") for e in plan.entries}
-
-
-def _metadata(
-    plan: Plan, source: SourceCheckpoint, digests: dict[str, str], alignment: int
-) -> dict[str, Any]:
-    recipe = plan.recipe
-    evidence = [
-        f"{e.id}: {e.citation}" + (f" <{e.url}>" if e.url else "") + f" - {e.summary}"
-        for e in recipe.evidence
-    ]
-    tensors = {
-        name: {"dtype": info.dtype, "shape": list(info.shape), "digest": digests[name]}
-        for name, info in sorted(source.tensors.items())
-        if name in digests
-    }
-    source_meta: dict[str, Any] = {
-        "kind": plan.source_kind,
-        # Absolute, so `ninfer verify` finds the source from any working directory.
-        "path": os.path.abspath(plan.source_path),
-        "config": source.config,
-        "files": [{"name": n, "size": s} for n, s in plan.source_files],
-        "tensors": tensors,
-    }
-    root = source.file_path(source.files[0][0]).parent if source.files else None
-    repo = None if root is None else cached_identity(plan.source_path, root)
-    if repo is not None:  # a cached repo id: record which snapshot, not a local path
-        source_meta.update(kind="hf-cache", path=repo.repo_id, repo=repo_json(repo))
-    return {
-        "producer": {"name": PRODUCER_NAME, "version": __version__},
-        "recipe": {
-            "name": recipe.name,
-            "text": recipe.text,
-            "digest": recipe.digest,
-            "evidence": evidence,
-        },
-        "source": source_meta,
-        "alignment": alignment,
-    }
 
 
 # Files convert makes beside the artifact that its header does not list: --force replaces them.
@@ -313,7 +201,7 @@ def planned_output_bytes(
         sizes.append((README_NAME, len(card.encode("utf-8"))))
     total = planned_size(
         ((e.output, e.format, e.shape, e.role, provs[e.output]) for e in plan.entries),
-        metadata=_metadata(plan, src, placeholder, alignment),
+        metadata=artifact_metadata(plan, src, placeholder, alignment),
         side_files=sizes,
         alignment=alignment,
         max_shard_size=max_shard_size,
@@ -377,33 +265,11 @@ def convert_checkpoint(
         source, recipe, check_identity=check_identity, importance=importance
     )
     side_files = copied_side_files(plan, src)  # refuses a clash before reading
-    grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
-    # Only grouped tensors are encoded: without them there is no device to choose.
-    used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
-    if used_device == "cuda" and grouped:
-        cuda_parity_gate(grouped, device="cuda")
-
-    total_bytes = sum(e.source_bytes for e in plan.entries)
-    largest = max((e.source_bytes for e in plan.entries), default=0)
-    budget = inflight_budget(largest)
-    digests: dict[str, str] = {}
-    done = 0
-    done_bytes = 0
-    spot_rows = 0
-
-    def emit(name: str | None, written: int) -> None:
-        if progress is not None:
-            progress(
-                ProgressEvent(
-                    name, done, len(plan.entries), done_bytes, total_bytes, written,
-                    time.perf_counter() - started,
-                )
-            )  # fmt: skip
-
-    metadata = _metadata(plan, src, {}, alignment)
+    used_device = _encoding_device(plan, device)
+    tally = _Tally(plan, started, progress)
+    metadata = artifact_metadata(plan, src, {}, alignment)
     card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
     provs = _provenances(plan)
-    cancel = threading.Event()
     writer = ArtifactWriter(
         output,
         metadata=metadata,
@@ -423,98 +289,175 @@ def convert_checkpoint(
         on_notice=on_notice,
     )
     with writer:
-        emit(None, 0)
-        written = 0
-        # The collector's passes over the growing heap (plan, header entries) cost about a
-        # quarter of the CPU of 20,000 tiny tensors; nothing built per tensor is cyclic, so
-        # reference counting frees it all (see paused_gc).
-        with (
-            paused_gc(),
-            # Cold source reads of the entries ahead overlap the encoding (page cache only).
-            worker_pool(
-                plan.entries,
-                jobs=jobs,
-                thread_name="ninfer-encode",
-                key=_output_name,
-                nbytes=_source_bytes,
-                prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
-            ) as workers,
-        ):
-            reserved: deque[Reservation] = deque()
-
-            def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:
-                tasks: list[_Task] = []
-                for entry in batch.items:
-                    # Deterministic per tensor, whatever the scheduling: which rows get
-                    # spot-checked.
-                    seed = zlib.crc32(entry.output.encode())
-                    # The tensor's bytes get their final place now, in plan order; the worker
-                    # writes its planes there a block at a time (file pages, not process
-                    # memory).
-                    res = writer.reserve(
-                        entry.output,
-                        entry.format,
-                        entry.shape,
-                        role=entry.role,
-                        provenance=provs[entry.output],
-                    )
-                    reserved.append(res)
-                    tasks.append((entry, seed, res.planes, res.sink))
-                # One read-ahead top-up per batch: started() requests every entry up to the
-                # batch's last one.
-                started = partial(workers.started, batch)
-                return workers.pool.submit(_guarded, cancel, started, tasks, src, used_device, jobs)
-
-            window = bounded(batches(plan.entries, _source_bytes), submit, budget, _batch_bytes)
-            try:
-                for batch, fut in window:
-                    results = fut.result()
-                    for entry, packed in zip(batch.items, results, strict=True):
-                        digests.update(packed.source_digests)
-                        spot_rows += packed.spot_rows
-                        info = writer.complete(reserved.popleft())
-                        written += info.nbytes
-                        done += 1
-                        done_bytes += entry.source_bytes
-                        emit(entry.output, written)
-                    del results, packed  # drop their views of the reserved planes
-            except BaseException:
-                cancel.set()
-                raise
+        tally.emit(None)
+        digests = _write_tensors(writer, plan, src, provs, used_device, jobs, tally)
         # Skipped tensors are part of the source identity too: digest them while reading.
         for skipped in plan.skipped:
             digests[skipped.name] = src.read(skipped.name).digest
-        for path, name in side_files:
-            writer.add_file(path, name)
-        if card is not None:
-            add_text_file(writer, README_NAME, card)
-        vectors = stored_vectors(plan)
-        if vectors:
-            add_bytes_file(writer, IMPORTANCE_FILE, importance_bytes(vectors))
-        writer.set_metadata(_metadata(plan, src, digests, alignment))
-        signed: list[SignatureStatus] = []
-
-        def sign_staged(staging: Path) -> None:
-            if signer is not None:
-                signed.append(sign_directory(staging, signer))
-
-        out = writer.commit(before_publish=sign_staged)
-    files = tuple(sorted(p.name for p in Path(out).iterdir()))
+        _add_side_files(writer, plan, src, side_files, card)
+        writer.set_metadata(artifact_metadata(plan, src, digests, alignment))
+        out, signature = _sign_and_commit(writer, signer)
+    files = tuple(sorted(p.name for p in out.iterdir()))
     return ConvertReport(
-        output=Path(out),
+        output=out,
         plan=plan,
         device=used_device,
         jobs=jobs,
         tensors=len(plan.entries),
-        source_bytes=total_bytes,
-        written_bytes=written,
+        source_bytes=tally.total_bytes,
+        written_bytes=tally.written,
         files=files,
         elapsed_s=time.perf_counter() - started,
-        spot_checked_rows=spot_rows,
-        # The signature was written in the staging directory, now renamed to ``out``.
-        signature=replace(signed[0], path=str(Path(out) / SIGNATURE_NAME)) if signed else None,
+        spot_checked_rows=tally.spot_rows,
+        signature=signature,
         notices=tuple(writer.notes),
     )
+
+
+def _encoding_device(plan: Plan, device: str) -> str:
+    """The device grouped tensors are encoded on (after the CUDA parity gate when that is
+    CUDA); "cpu" when nothing is encoded, since there is then no device to choose."""
+    grouped = sorted({e.format for e in plan.entries if e.encoder_profile is not None})
+    used_device = resolve_device(device) if grouped or device == "cuda" else "cpu"
+    if used_device == "cuda" and grouped:
+        cuda_parity_gate(grouped, device="cuda")
+    return used_device
+
+
+class _Tally:
+    """What the calling thread has completed so far, and the :class:`ProgressEvent` it sends
+    after each tensor (and once before the first)."""
+
+    def __init__(
+        self, plan: Plan, started: float, progress: Callable[[ProgressEvent], None] | None
+    ) -> None:
+        self.total = len(plan.entries)
+        self.total_bytes = sum(e.source_bytes for e in plan.entries)
+        self.started = started
+        self.progress = progress
+        self.done = 0
+        self.done_bytes = 0
+        self.written = 0
+        self.spot_rows = 0
+
+    def completed(self, entry: PlanEntry, packed: PackedTensor, written: int) -> None:
+        self.spot_rows += packed.spot_rows
+        self.written += written
+        self.done += 1
+        self.done_bytes += entry.source_bytes
+        if self.progress is not None:  # no call per tensor without a listener
+            self.emit(entry.output)
+
+    def emit(self, name: str | None) -> None:
+        if self.progress is not None:
+            self.progress(
+                ProgressEvent(
+                    name, self.done, self.total, self.done_bytes, self.total_bytes,
+                    self.written, time.perf_counter() - self.started,
+                )
+            )  # fmt: skip
+
+
+def _write_tensors(
+    writer: ArtifactWriter,
+    plan: Plan,
+    src: SourceCheckpoint,
+    provs: Mapping[str, Provenance],
+    device: str,
+    jobs: int,
+    tally: _Tally,
+) -> dict[str, str]:
+    """Derive every entry into its reserved planes and complete them in plan order; returns
+    the digests of the source tensors read."""
+    budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
+    digests: dict[str, str] = {}
+    cancel = threading.Event()
+    # The collector's passes over the growing heap (plan, header entries) cost about a
+    # quarter of the CPU of 20,000 tiny tensors; nothing built per tensor is cyclic, so
+    # reference counting frees it all (see paused_gc).
+    with (
+        paused_gc(),
+        # Cold source reads of the entries ahead overlap the encoding (page cache only).
+        worker_pool(
+            plan.entries,
+            jobs=jobs,
+            thread_name="ninfer-encode",
+            key=_output_name,
+            nbytes=_source_bytes,
+            prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
+        ) as workers,
+    ):
+        reserved: deque[Reservation] = deque()
+
+        def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:
+            tasks: list[_Task] = []
+            for entry in batch.items:
+                # Deterministic per tensor, whatever the scheduling: which rows get
+                # spot-checked.
+                seed = zlib.crc32(entry.output.encode())
+                # The tensor's bytes get their final place now, in plan order; the worker
+                # writes its planes there a block at a time (file pages, not process
+                # memory).
+                res = writer.reserve(
+                    entry.output,
+                    entry.format,
+                    entry.shape,
+                    role=entry.role,
+                    provenance=provs[entry.output],
+                )
+                reserved.append(res)
+                tasks.append((entry, seed, res.planes, res.sink))
+            # One read-ahead top-up per batch: started() requests every entry up to the
+            # batch's last one.
+            started = partial(workers.started, batch)
+            return workers.pool.submit(_guarded, cancel, started, tasks, src, device, jobs)
+
+        window = bounded(batches(plan.entries, _source_bytes), submit, budget, _batch_bytes)
+        try:
+            for batch, fut in window:
+                results = fut.result()
+                for entry, packed in zip(batch.items, results, strict=True):
+                    digests.update(packed.source_digests)
+                    info = writer.complete(reserved.popleft())
+                    tally.completed(entry, packed, info.nbytes)
+                del results, packed  # drop their views of the reserved planes
+        except BaseException:
+            cancel.set()
+            raise
+    return digests
+
+
+def _add_side_files(
+    writer: ArtifactWriter,
+    plan: Plan,
+    src: SourceCheckpoint,
+    side_files: list[tuple[SideFileSource, str]],
+    card: str | None,
+) -> None:
+    """The model directory's files beside the artifact: the source's side files, the model
+    card and the importance vectors used."""
+    for path, name in side_files:
+        writer.add_file(path, name)
+    if card is not None:
+        add_text_file(writer, README_NAME, card)
+    vectors = stored_vectors(plan)
+    if vectors:
+        add_bytes_file(writer, IMPORTANCE_FILE, importance_bytes(vectors))
+
+
+def _sign_and_commit(
+    writer: ArtifactWriter, signer: Signer | None
+) -> tuple[Path, SignatureStatus | None]:
+    """Publish the staged directory, signed first when ``signer`` is given."""
+    signed: list[SignatureStatus] = []
+
+    def sign_staged(staging: Path) -> None:
+        if signer is not None:
+            signed.append(sign_directory(staging, signer))
+
+    out = Path(writer.commit(before_publish=sign_staged))
+    # The signature was written in the staging directory, now renamed to ``out``.
+    return out, replace(signed[0], path=str(out / SIGNATURE_NAME)) if signed else None
 
 
 def _output_name(entry: PlanEntry) -> str:

@@ -295,21 +295,8 @@ def _run_blocks(
         if on_block is not None:
             on_block(r0, r1, block_words, codes, scales, sums)
         parts = targets(r0, r1)
-        if native_pack:  # checks the values, then packs or compares, without the GIL
-            result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)
-            if result is BlockResult.INVALID:  # pragma: no cover - the encoder cannot emit these
-                _raise_invalid(fmt, codes, scales, tensor)
-                raise RuntimeError("the row-split packer rejected values grouped_problems accepts")
-            if result is BlockResult.DIFFERENT:
-                differs.set()
-        else:
-            _raise_invalid(fmt, codes, scales, tensor)
-            packed = layout.pack(fmt, GroupedCodes(codes, scales))
-            for part, new in zip(parts, packed, strict=True):
-                if not compare:
-                    part[...] = new
-                elif not np.array_equal(part, new):
-                    differs.set()
+        if not _pack_block(layout, fmt, codes, scales, parts, compare, native_pack, tensor):
+            differs.set()
         if sink is not None:
             for i, (part, st) in enumerate(zip(parts, strides, strict=True)):
                 sink.write(i, r0 * st, part)
@@ -324,6 +311,34 @@ def _run_blocks(
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(block, starts))
     return not differs.is_set()
+
+
+def _pack_block(
+    layout: RowSplitK128,
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+    parts: list[npt.NDArray[np.uint8]],
+    compare: bool,
+    native_pack: bool,
+    tensor: str | None,
+) -> bool:
+    """Check one block's values, then pack them into ``parts`` (one slice per plane) or, with
+    ``compare``, compare them with ``parts``; False when a comparison found a difference."""
+    if native_pack:  # checks the values, then packs or compares, without the GIL
+        result = layout.pack_rows_into(fmt, codes, scales, parts, compare=compare)
+        if result is BlockResult.INVALID:  # pragma: no cover - the encoder cannot emit these
+            _raise_invalid(fmt, codes, scales, tensor)
+            raise RuntimeError("the row-split packer rejected values grouped_problems accepts")
+        return result is not BlockResult.DIFFERENT
+    _raise_invalid(fmt, codes, scales, tensor)
+    same = True
+    for part, new in zip(parts, layout.pack(fmt, GroupedCodes(codes, scales)), strict=True):
+        if not compare:
+            part[...] = new
+        elif not np.array_equal(part, new):
+            same = False
+    return same
 
 
 def _raise_invalid(
