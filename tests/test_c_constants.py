@@ -1,7 +1,9 @@
 """The C modules write their constants once and legibly: the IEEE word masks are named in
 ninfer_convert/_ieee.h (equal to ieee.py's BinaryFormat, the one description of those words) and
 nowhere else spelled out, and a float constant that is not a small integer is a C99 hex float
-whose decimal value stands in a comment on the same line."""
+whose decimal value stands in a comment on the same line.  Every header a module includes is
+listed in its pyproject ``depends`` (else the sdist lacks it and a build from it silently skips
+the optional module)."""
 
 from __future__ import annotations
 
@@ -79,3 +81,14 @@ def test_float_constants_are_hex_with_their_decimal_beside(path: Path) -> None:
                 unexplained.append(f"{path.name}:{number}: {literal}")
     assert decimal == []
     assert unexplained == []
+
+
+def test_every_included_header_is_a_listed_dependency() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    modules = pyproject["tool"]["setuptools"]["ext-modules"]
+    assert len(modules) == 3
+    for module in modules:
+        (source,) = module["sources"]
+        included = re.findall(r'^#include "([^"]+)"', (PACKAGE.parent / source).read_text(), re.M)
+        assert sorted(module.get("depends", [])) == sorted(f"ninfer_convert/{h}" for h in included)
