@@ -23,10 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer_convert.container import open_artifact, schema
-from ninfer_convert.container.schema import (
-    SCHEMA_CLASSES,
-    Header,
-    IndexFile,
+from ninfer_convert.container.schema import SCHEMA_CLASSES, Header, IndexFile, ShardInfo
+from ninfer_convert.container.wire import MAX_INT, SINGLE_NAME, align_up, canonical_json
+from ninfer_convert.errors import ArtifactError
+from ninfer_convert.jsonfields import (
     Int,
     Json,
     Obj,
@@ -34,13 +34,10 @@ from ninfer_convert.container.schema import (
     Opt,
     SchemaObject,
     Seq,
-    ShardInfo,
     Spec,
     Str,
     StrMap,
 )
-from ninfer_convert.container.wire import MAX_INT, SINGLE_NAME, align_up, canonical_json
-from ninfer_convert.errors import ArtifactError
 from ninfer_convert.jsonlimits import scan
 
 _TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)

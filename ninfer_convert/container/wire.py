@@ -29,6 +29,8 @@ from typing import Any
 
 import xxhash
 
+from ..jsonfields.values import MAX_INT as MAX_INT
+
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "DIGEST_HEX_RE",
@@ -79,8 +81,8 @@ DEFAULT_ALIGNMENT = 4096  # one page: planes can be memory-mapped and DMA'd dire
 MIN_ALIGNMENT = 64  # one cache line; also keeps every 2- and 4-byte word naturally aligned
 MAX_ALIGNMENT = 1 << 30
 
-MAX_INT = (1 << 63) - 1
-"""Largest integer any header or index field may hold (fits a signed 64-bit reader)."""
+# MAX_INT (imported above, (1 << 63) - 1): the largest integer any header or index field may
+# hold (fits a signed 64-bit reader); the schema's integer fields take it as their bound.
 
 SINGLE_NAME = "model.ninfer"
 INDEX_NAME = "model.ninfer.index.json"
