@@ -147,7 +147,7 @@ def plan_conversion(
 def _provenances(plan: Plan) -> dict[str, Provenance]:
     """Every entry's parsed provenance, built once per conversion (the size plan and the
     writer both take it as is)."""
-    return {e.output: Provenance.from_json(provenance_of(e), "provenance") for e in plan.entries}
+    return {e.output: provenance_of(e) for e in plan.entries}
 
 
 # Files convert makes beside the artifact that its header does not list: --force replaces them.

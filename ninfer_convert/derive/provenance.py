@@ -1,38 +1,51 @@
-"""The provenance convert records for a plan entry (docs/container.md), and verify compares
-with the stored one: one definition for both."""
+"""The provenance convert records for a plan entry (docs/container.md section 4.8), and verify
+compares with the stored one: one definition for both.
+
+Contract: :func:`provenance_of` builds the typed
+:class:`~ninfer_convert.container.schema.Provenance` straight from the plan entry (the writer
+stores it as given; its JSON form is the schema's).  The plan's transform steps map one to one
+onto the stored transforms (a concat keeps its axis, not its input names: those are the
+sources), a copy path adds a final ``copy-quantized`` transform, the plan's rule reference
+loses its ``kind``, and the importance digest is present only for an entry that carries an
+importance vector (so other artifacts stay byte-identical).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..container.schema import (
+    ConcatTransform,
+    CopyQuantizedTransform,
+    Provenance,
+    ReshapeTransform,
+    RuleRef,
+    SourceRef,
+    Transform,
+    TransposeTransform,
+)
 from ..importance import vector_digest
 from ..recipe import PlanEntry
 
 __all__ = ["provenance_of"]
 
 
-def provenance_of(entry: PlanEntry) -> dict[str, Any]:
-    transforms: list[dict[str, Any]] = []
+def provenance_of(entry: PlanEntry) -> Provenance:
+    transforms: list[Transform] = []
     for t in entry.transforms:
         if t.op == "concat":
-            transforms.append({"op": "concat", "axis": t.axis})
+            assert t.axis is not None  # a plan's concat step always has its axis
+            transforms.append(ConcatTransform(t.axis))
         elif t.op == "reshape":
-            transforms.append({"op": "reshape", "shape": list(t.shape or ())})
+            transforms.append(ReshapeTransform(t.shape or ()))
         else:
-            transforms.append({"op": "transpose"})
+            transforms.append(TransposeTransform())
     if entry.copy is not None:
-        transforms.append({"op": "copy-quantized", "scheme": entry.copy})
-    prov: dict[str, Any] = {
-        "sources": [
-            {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "file": s.file}
-            for s in entry.sources
-        ],
-        "conversion": entry.conversion,
-        "transforms": transforms,
-        "encoder_profile": entry.encoder_profile,
-        "rule": {"index": entry.rule.index, "line": entry.rule.line, "pattern": entry.rule.pattern},
-        "constraints": list(entry.constraints),
-    }
-    if entry.importance is not None:  # only then: other artifacts stay byte-identical
-        prov["importance"] = vector_digest(entry.importance)
-    return prov
+        transforms.append(CopyQuantizedTransform(entry.copy))
+    return Provenance(
+        sources=tuple(SourceRef(s.name, s.dtype, s.shape, s.file) for s in entry.sources),
+        conversion=entry.conversion,
+        transforms=tuple(transforms),
+        encoder_profile=entry.encoder_profile,
+        rule=RuleRef(entry.rule.index, entry.rule.line, entry.rule.pattern),
+        constraints=entry.constraints,
+        importance=None if entry.importance is None else vector_digest(entry.importance),
+    )

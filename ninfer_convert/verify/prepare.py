@@ -258,7 +258,6 @@ def _recorded_metadata_findings(
 ) -> list[Finding]:
     """Each stored tensor's ``role`` and whole ``provenance`` against what convert records
     for its plan entry (:func:`ninfer_convert.derive.provenance_of`, the one definition)."""
-    from ..container.schema import Provenance, SchemaError
     from ..derive import provenance_of
 
     findings: list[Finding] = []
@@ -269,21 +268,17 @@ def _recorded_metadata_findings(
         problems = []
         if info.role != entry.role:
             problems.append(f"role {info.role!r}, the recipe gives {entry.role!r}")
-        try:
-            parsed = Provenance.from_json(provenance_of(entry))
-        except SchemaError as exc:  # pragma: no cover - convert writes exactly this
-            problems.append(f"the recipe's provenance does not fit the schema: {exc}")
-        else:
-            # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
-            same = parsed == info.entry.provenance
-            expected = {} if same else parsed.to_json()
-            stored = {} if same else info.entry.provenance.to_json()
-            for key in sorted(set(expected) | set(stored)):
-                if expected.get(key) != stored.get(key):
-                    problems.append(
-                        f"provenance.{key} {json.dumps(stored.get(key))[:200]}, the recipe "
-                        f"gives {json.dumps(expected.get(key))[:200]}"
-                    )
+        recorded = provenance_of(entry)
+        # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
+        same = recorded == info.entry.provenance
+        expected = {} if same else recorded.to_json()
+        stored = {} if same else info.entry.provenance.to_json()
+        for key in sorted(set(expected) | set(stored)):
+            if expected.get(key) != stored.get(key):
+                problems.append(
+                    f"provenance.{key} {json.dumps(stored.get(key))[:200]}, the recipe "
+                    f"gives {json.dumps(expected.get(key))[:200]}"
+                )
         if problems:
             findings.append(
                 Finding.of(
