@@ -49,8 +49,12 @@ def test_only_wire_computes_container_digests() -> None:
     # verify/compare.py: xxh64 of a tensor name seeds the oracle sample, not a digest.
     assert users == {"ninfer_convert/container/wire.py", "ninfer_convert/verify/compare.py"}
     sha = {path for path, tree in _modules().items() if "hashlib" in _imports(tree)}
-    # signing.py: the signature's own SHA-256 (Sigstore statement, key fingerprints).
-    assert sha == {"ninfer_convert/container/wire.py", "ninfer_convert/signing.py"}
+    # signing/: the signature's own SHA-256 (Sigstore statement's files, key fingerprints).
+    assert sha == {
+        "ninfer_convert/container/wire.py",
+        "ninfer_convert/signing/files.py",
+        "ninfer_convert/signing/keys.py",
+    }
 
 
 def test_the_digests_are_the_documented_algorithms() -> None:
