@@ -151,7 +151,11 @@ def transform_from_json(value: object, where: str = "transform") -> Transform:
 @schema("rule", fast="_fast_rule", shared=True)
 @dataclass(frozen=True, slots=True)
 class RuleRef(SchemaObject):
-    """The recipe rule that selected this tensor: its 0-based index, line, and pattern."""
+    """The recipe rule that selected this tensor: its 0-based index, line, and pattern.
+
+    The stored contract (docs/container.md, frozen with the format); the plan's
+    :class:`~ninfer_convert.recipe.RuleRef` is the plan report's and also names the rule's
+    ``kind``, which provenance leaves out."""
 
     index: int = field(metadata=js(Int()))
     line: int = field(metadata=js(Int()))
