@@ -751,3 +751,21 @@ def test_tensors_that_differ_are_rederived_within_the_byte_budget(
     assert emb.source_bytes in [cost for _, cost, _ in peaks]
     assert all(inflight <= budget or inflight == cost for inflight, cost, budget in peaks), peaks
     assert all(cost <= budget for _, cost, budget in peaks)  # the budget covers any tensor
+
+
+def test_integrity_problems_come_in_the_order_integrity_order_defines(
+    sharded: Path, tmp_path: Path
+) -> None:
+    # verify sorts its own findings by Artifact.integrity_order; that only reproduces the
+    # reader's report if the reader itself lists its problems in that order.
+    art = copy_artifact(sharded, tmp_path / "a")
+    with open_artifact(art) as a:
+        names = list(a.tensors)
+    for name in (names[-1], names[0], names[len(names) // 2]):
+        path, offset, _ = plane_offset(art, name, "codes" if "norm" not in name else "words")
+        flip_byte(path, offset)
+    (art / "config.json").write_bytes((art / "config.json").read_bytes() + b" ")
+    with open_artifact(art) as a:
+        problems = a.integrity_problems()
+        keys = [a.integrity_order(e.path, e.tensor) for e in problems]
+    assert len(problems) == 4 and keys == sorted(keys) and len(set(keys)) == 4

@@ -398,6 +398,21 @@ class Artifact:
         problems += self._side_file_problems()
         return problems
 
+    def integrity_order(self, path: str | None, tensor: str | None) -> tuple[int, int]:
+        """Where a problem about the file ``path`` and ``tensor`` falls in the order of
+        :meth:`integrity_problems`: shard by shard in index order, a shard's own problems before
+        its tensors' (in stored order), side files after every shard.  A caller that finds some
+        of these problems itself (verify checks plane digests in its workers) sorts by this key
+        to report them as this reader does."""
+        shards, tensors = self._integrity_positions
+        shard = shards.get(path or "", len(shards))
+        return shard, -1 if tensor is None else tensors.get(tensor, -1)
+
+    @functools.cached_property
+    def _integrity_positions(self) -> tuple[dict[str, int], dict[str, int]]:
+        shards = {str(c.path): i for i, c in enumerate(self._containers)}
+        return shards, {name: i for i, name in enumerate(self.tensors)}
+
     def _side_file_problems(self) -> list[IntegrityError]:
         problems = []
         for f in self.side_files.values():

@@ -4,9 +4,7 @@ Contract: :func:`artifact_level_findings` are ``structure`` findings (container-
 the artifact's directory that are not part of it); :func:`recipe_digest_findings` and
 :func:`importance_findings` are ``integrity`` findings (``recipe.digest`` against the recorded
 recipe text; the ``importance.safetensors`` side file against the provenance that records its
-digests).  :func:`integrity_order` is the sort key that puts verify's ``integrity`` findings in
-the order :meth:`~ninfer_convert.container.Artifact.integrity_problems` reports (shard by
-shard, each shard's own findings, then its tensors' gaps and plane digests; side files last).
+digests).
 :func:`stored_importance` reads the importance vectors the source checks re-derive with.
 """
 
@@ -25,15 +23,9 @@ from .report import Finding
 __all__ = [
     "artifact_level_findings",
     "importance_findings",
-    "integrity_order",
     "recipe_digest_findings",
     "stored_importance",
 ]
-
-
-def integrity_order(shards: dict[str, int], tensors: dict[str, int], f: Finding) -> tuple[int, int]:
-    shard = shards.get(f.path or "", len(shards))  # a side file sorts after every shard
-    return shard, -1 if f.tensor is None else tensors.get(f.tensor, -1)
 
 
 def stored_importance(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | None:

@@ -62,7 +62,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -72,7 +71,6 @@ from ..errors import ArtifactError, UsageError
 from .artifact_checks import (
     artifact_level_findings,
     importance_findings,
-    integrity_order,
     recipe_digest_findings,
 )
 from .prepare import Prepared, prepare_source
@@ -128,11 +126,11 @@ class _Run:
     """What the checks of an opened artifact found (the artifact is closed after them)."""
 
     names: list[str]
-    files: list[Path]
     total_bytes: int
     structure: list[Finding]
     integrity: list[Finding]
-    """The reader's header, index, gap and side-file findings, then verify's own."""
+    """The reader's header, index, gap and side-file findings and verify's own, in the
+    reader's order (:meth:`~ninfer_convert.container.Artifact.integrity_order`)."""
     padding: list[Finding]
     prepared: Prepared
     outcomes: list[TensorOutcome]
@@ -304,18 +302,15 @@ def _run_checks(
     if prepared.ctx is not None:
         prepared.identity += unused_source_digests(prepared.ctx, art)
     timings["tensors"] = time.perf_counter() - t0
-    files = list(art.files)
-    return _Run(names, files, total_bytes, structure, integrity, padding, prepared, outcomes)
+    # The workers' plane-digest findings go where Artifact.integrity_problems() would list them.
+    integrity += [f for o in outcomes for f in o.integrity or ()]
+    integrity.sort(key=lambda f: art.integrity_order(f.path, f.tensor))
+    return _Run(names, total_bytes, structure, integrity, padding, prepared, outcomes)
 
 
 def _results(run: _Run) -> list[CheckResult]:
     """The check results of a run, in report order."""
-    names, outcomes = run.names, run.outcomes
-    # The order integrity_problems() reports: shard by shard, each shard's own findings and
-    # then its tensors' (gaps, then plane digests), side files last.
-    integrity = run.integrity + [f for o in outcomes for f in o.integrity or ()]
-    integrity.sort(key=partial(integrity_order, {str(p): i for i, p in enumerate(run.files)},
-                               {n: i for i, n in enumerate(names)}))  # fmt: skip
+    names, outcomes, integrity = run.names, run.outcomes, run.integrity
     values = [f for o in outcomes for f in o.values]
     return [
         CheckResult("structure", _status(run.structure), len(names), tuple(run.structure)),
