@@ -290,7 +290,7 @@ def _nested_config(depth: int) -> dict[str, Any]:
 
 
 def test_the_deepest_config_a_writer_accepts_is_read_back(tmp_path: Path) -> None:
-    deepest = _nested_config(64)  # schema.json_value's bound: 64 levels below the config
+    deepest = _nested_config(64)  # jsonfields.values.json_value's bound: 64 levels below the config
     with ArtifactWriter(tmp_path / "deep", metadata=deepest, alignment=64) as w:
         w.add("w", "BF16", make_logical("BF16", (2, 3)), role="w",
               provenance=provenance("BF16", shape=(2, 3)))  # fmt: skip

@@ -164,7 +164,8 @@ def parse_typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) ->
 
 
 # Bracket levels of a header: the root, ``artifact`` and ``source`` objects, then the free-form
-# ``config`` (its own level plus at most MAX_JSON_DEPTH nested levels, schema.json_value's
-# bound), so every header a writer can produce passes.  The index nests 3 levels.
+# ``config`` (its own level plus at most MAX_JSON_DEPTH nested levels, the bound of
+# jsonfields.values.json_value), so every header a writer can produce passes.  The index
+# nests 3 levels.
 HEADER_DEPTH = 3 + 1 + MAX_JSON_DEPTH
 INDEX_DEPTH = 8
