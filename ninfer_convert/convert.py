@@ -260,58 +260,62 @@ def convert_checkpoint(
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
-    started = time.perf_counter()
-    src, plan = plan_conversion(
-        source, recipe, check_identity=check_identity, importance=importance
-    )
-    side_files = copied_side_files(plan, src)  # refuses a clash before reading
-    used_device = _encoding_device(plan, device)
-    tally = _Tally(plan, started, progress)
-    metadata = artifact_metadata(plan, src, {}, alignment)
-    card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
-    provs = _provenances(plan)
-    writer = ArtifactWriter(
-        output,
-        metadata=metadata,
-        alignment=alignment,
-        max_shard_size=max_shard_size,
-        overwrite=force,
-        sources=_source_paths(src),
-        companions=_COMPANIONS,
-        expected_bytes=planned_output_bytes(
-            plan,
-            src,
+    # The collector's passes over the growing heap (source header, plan, size plan, header
+    # entries) cost about a quarter of the CPU of 20,000 tiny tensors; nothing built per
+    # tensor is cyclic, so reference counting frees it all (see paused_gc).
+    with paused_gc():
+        started = time.perf_counter()
+        src, plan = plan_conversion(
+            source, recipe, check_identity=check_identity, importance=importance
+        )
+        side_files = copied_side_files(plan, src)  # refuses a clash before reading
+        used_device = _encoding_device(plan, device)
+        tally = _Tally(plan, started, progress)
+        metadata = artifact_metadata(plan, src, {}, alignment)
+        card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
+        provs = _provenances(plan)
+        writer = ArtifactWriter(
+            output,
+            metadata=metadata,
             alignment=alignment,
             max_shard_size=max_shard_size,
-            signed=signer is not None,
-            prepared=(card, provs),
-        ),
-        on_notice=on_notice,
-    )
-    with writer:
-        tally.emit(None)
-        digests = _write_tensors(writer, plan, src, provs, used_device, jobs, tally)
-        # Skipped tensors are part of the source identity too: digest them while reading.
-        for skipped in plan.skipped:
-            digests[skipped.name] = src.read(skipped.name).digest
-        _add_side_files(writer, plan, src, side_files, card)
-        writer.set_metadata(artifact_metadata(plan, src, digests, alignment))
-        out, signature = _sign_and_commit(writer, signer)
-    files = tuple(sorted(p.name for p in out.iterdir()))
-    return ConvertReport(
-        output=out,
-        plan=plan,
-        device=used_device,
-        jobs=jobs,
-        tensors=len(plan.entries),
-        source_bytes=tally.total_bytes,
-        written_bytes=tally.written,
-        files=files,
-        elapsed_s=time.perf_counter() - started,
-        spot_checked_rows=tally.spot_rows,
-        signature=signature,
-        notices=tuple(writer.notes),
-    )
+            overwrite=force,
+            sources=_source_paths(src),
+            companions=_COMPANIONS,
+            expected_bytes=planned_output_bytes(
+                plan,
+                src,
+                alignment=alignment,
+                max_shard_size=max_shard_size,
+                signed=signer is not None,
+                prepared=(card, provs),
+            ),
+            on_notice=on_notice,
+        )
+        with writer:
+            tally.emit(None)
+            digests = _write_tensors(writer, plan, src, provs, used_device, jobs, tally)
+            # Skipped tensors are part of the source identity too: digest them while reading.
+            for skipped in plan.skipped:
+                digests[skipped.name] = src.read(skipped.name).digest
+            _add_side_files(writer, plan, src, side_files, card)
+            writer.set_metadata(artifact_metadata(plan, src, digests, alignment))
+            out, signature = _sign_and_commit(writer, signer)
+        files = tuple(sorted(p.name for p in out.iterdir()))
+        return ConvertReport(
+            output=out,
+            plan=plan,
+            device=used_device,
+            jobs=jobs,
+            tensors=len(plan.entries),
+            source_bytes=tally.total_bytes,
+            written_bytes=tally.written,
+            files=files,
+            elapsed_s=time.perf_counter() - started,
+            spot_checked_rows=tally.spot_rows,
+            signature=signature,
+            notices=tuple(writer.notes),
+        )
 
 
 def _encoding_device(plan: Plan, device: str) -> str:
@@ -372,21 +376,15 @@ def _write_tensors(
     budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
     digests: dict[str, str] = {}
     cancel = threading.Event()
-    # The collector's passes over the growing heap (plan, header entries) cost about a
-    # quarter of the CPU of 20,000 tiny tensors; nothing built per tensor is cyclic, so
-    # reference counting frees it all (see paused_gc).
-    with (
-        paused_gc(),
-        # Cold source reads of the entries ahead overlap the encoding (page cache only).
-        worker_pool(
-            plan.entries,
-            jobs=jobs,
-            thread_name="ninfer-encode",
-            key=_output_name,
-            nbytes=_source_bytes,
-            prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
-        ) as workers,
-    ):
+    # Cold source reads of the entries ahead overlap the encoding (page cache only).
+    with worker_pool(
+        plan.entries,
+        jobs=jobs,
+        thread_name="ninfer-encode",
+        key=_output_name,
+        nbytes=_source_bytes,
+        prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
+    ) as workers:
         reserved: deque[Reservation] = deque()
 
         def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:

@@ -242,6 +242,12 @@ class Layout(abc.ABC):
         """Layouts without padding have nothing to report."""
         return []
 
+    def has_padding(self) -> bool:
+        """Whether :meth:`padding_problems` can report anything: False for a layout without
+        padding bits (it keeps the base check, which reports nothing), so a writer may skip
+        the call and the plane views it needs."""
+        return type(self)._padding_problems is not Layout._padding_problems
+
     def _views(
         self, fmt: NumericFormat, shape: tuple[int, ...], planes: Sequence[Buffer]
     ) -> list[npt.NDArray[np.uint8]]:
