@@ -529,6 +529,27 @@ def test_reserved_tensors_give_the_bytes_of_add_packed(
     assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
 
 
+@pytest.mark.parametrize("fmt", ["W8G32_F16S", "NVFP4"])  # row-split, blockscale
+@pytest.mark.parametrize("big", [False, True])  # inline, mapped
+def test_completed_reservation_with_padding_bits_set_is_refused(
+    tmp_path: Path, fmt: str, big: bool
+) -> None:
+    """complete() skips the padding check only for layouts without padding bits."""
+    shape = ((640, 1030) if big else (3, 70)) if fmt != "NVFP4" else (40000 if big else 130, 16)
+    planes = layout_for(fmt).pack(fmt, make_logical(fmt, shape))
+    with ArtifactWriter(tmp_path / "m", metadata=META) as w:
+        res = w.reserve("w", fmt, shape, role="r", provenance=provenance(fmt))
+        for dst, src in zip(res.planes, planes, strict=True):
+            dst[:] = src
+        # Padding: row-split's last scale byte (slot 3 of the last row), blockscale's scale of
+        # row 0, column 1 (K = 16: one scale column of the four a tile holds).
+        plane, byte = (1, 1) if fmt == "NVFP4" else (-1, -1)
+        res.planes[plane][byte] = 0xFF
+        with pytest.raises(UsageError, match="non-canonical padding"):
+            w.complete(res)
+        w.abort()
+
+
 @pytest.mark.parametrize("shape", [(3, 70), (640, 1024)])  # inline, mapped
 def test_reservation_sink_refuses_bytes_outside_a_plane(
     tmp_path: Path, shape: tuple[int, int]
@@ -765,6 +786,32 @@ def test_grouped_formats_all_write(tmp_path: Path) -> None:
             assert logical_equal(art.read(fmt), make_logical(fmt, (129, 130), i))
             assert all(p.offset % 4096 == 0 for p in art.tensors[fmt].planes)
         assert art.integrity_problems() == [] and art.padding_problems() == []
+
+
+@pytest.mark.parametrize("where", ["role", "source", "pattern", "constraint"])
+@pytest.mark.parametrize("how", ["add", "reserve"])
+def test_unencodable_role_or_provenance_refused_before_any_byte(
+    tmp_path: Path, where: str, how: str
+) -> None:
+    prov = provenance("I32")
+    role = "bad\udc80" if where == "role" else "r"
+    if where == "source":
+        prov["sources"][0]["name"] = "w\ud800"
+    elif where == "pattern":
+        prov["rule"]["pattern"] = "é\udfff"
+    elif where == "constraint":
+        prov["constraints"] = ["\ud800"]
+    with ArtifactWriter(tmp_path / "m", metadata=META, alignment=64) as w:
+        with pytest.raises(UsageError, match="not encodable as UTF-8: surrogates not allowed"):
+            if how == "add":
+                w.add("w", "I32", DirectWords(np.arange(2, dtype=np.int32)), role=role,
+                      provenance=prov)  # fmt: skip
+            else:
+                w.reserve("w", "I32", (2,), role=role, provenance=prov)
+        w.add("ok", "I32", DirectWords(np.arange(2, dtype=np.int32)), role="r",
+              provenance=provenance("I32"))  # fmt: skip
+    with open_artifact(tmp_path / "m") as art:
+        assert list(art.tensors) == ["ok"]
 
 
 def test_unencodable_names_refused(tmp_path: Path) -> None:

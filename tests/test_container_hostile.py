@@ -166,6 +166,24 @@ def test_padding_change_is_reported_by_both_checks(tmp_path: Path) -> None:
         )
 
 
+def test_blockscale_padding_change_is_reported_beside_padless_tensors(tmp_path: Path) -> None:
+    """Artifact.padding_problems skips the tensors of layouts without padding bits only."""
+    out = tmp_path / "m"
+    with ArtifactWriter(out, metadata=META, alignment=64) as w:
+        for name, fmt, shape in (("a", "BF16", (2, 3)), ("n", "NVFP4", (130, 16)),
+                                 ("z", "FP8_E4M3FN_ROW_BF16S", (2, 16))):  # fmt: skip
+            w.add(name, fmt, make_logical(fmt, shape), role="r", provenance=provenance(fmt))
+    path = out / SINGLE_NAME
+    h = header_of(path)
+    data = bytearray(path.read_bytes())
+    data[h["tensors"][1]["planes"][1]["offset"] + 1] = 0x22  # scale of row 0, column 1: padding
+    path.write_bytes(data)
+    with open_artifact(out) as art:
+        (problem,) = art.padding_problems()
+        assert problem.kind == "nonzero_padding" and problem.tensor == "n"
+        assert "plane 'scales' padding scale (row 0, column 1) at byte 1 is 0x22" in str(problem)
+
+
 # ---------------------------------------------------------------------------------------------
 # Truncation, extension, garbage
 

@@ -446,6 +446,19 @@ def test_row_gather_rejects_bad_rows(rows: object) -> None:
 # Padding
 
 
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_layout_without_padding_reports_none_for_any_bytes(fmt: str) -> None:
+    """The writer skips padding_problems where has_padding() is False: such a layout must
+    report nothing whatever the plane bytes, and the layouts with padding bits say so."""
+    layout = layout_for(fmt)
+    shape = (130, 16) if fmt == "NVFP4" else (3, 70)
+    planes = [np.full(s.nbytes, 0xFF, np.uint8) for s in layout.planes(fmt, shape)]
+    if not layout.has_padding():
+        assert layout.padding_problems(fmt, shape, planes) == []
+    padded = {name for name, lay in LAYOUTS.items() if lay.has_padding()}
+    assert padded == {"row-split-k128-v1", "blockscale-k16-m128x4-v1"}
+
+
 @pytest.mark.parametrize("fmt", GROUPED)
 def test_row_split_padding_detected(fmt: str) -> None:
     shape = (3, 70)  # K=70: codes 70..127 and scale slot 2 (Q) or 3 (W8) are padding
