@@ -181,7 +181,9 @@ def verify_artifact(
     except ArtifactError as exc:
         timings["open"] = time.perf_counter() - t0
         return _unopened_report(path, source, exc, started, settings, timings)
-    with art:
+    # As in convert, the collector is paused for the whole run (source plan, padding, tensors):
+    # nothing built per tensor is cyclic.
+    with art, paused_gc():
         timings["open"] = time.perf_counter() - t0
         emit("open", 1, 1)
         run = _run_checks(art, options, emit, timings, settings)
@@ -297,8 +299,7 @@ def _run_checks(
         settings["device_used"] = prepared.ctx.device
 
     t0 = time.perf_counter()
-    with paused_gc():  # as in convert: nothing built per tensor is cyclic
-        outcomes = run_tensors(art, names, prepared.ctx, options.jobs, emit)
+    outcomes = run_tensors(art, names, prepared.ctx, options.jobs, emit)
     if prepared.ctx is not None:
         prepared.identity += unused_source_digests(prepared.ctx, art)
     timings["tensors"] = time.perf_counter() - t0
