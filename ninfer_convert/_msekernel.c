@@ -28,8 +28,9 @@
  * is the error of one group (binary32 words x, finite) for each binary16 scale word in scales
  * (finite, > 0), written to out (float64), computed by the same code as the search: a test
  * hook for comparing the error sums themselves with the exact reference, as is
- * f64_to_f16_words(values, out) for the binary16 rounding of the candidates, and
- * lane_width([w]) for running the search with 4- or 8-lane vectors (below).
+ * f64_to_f16_words(values, out[, lanes]) for the binary16 rounding of the candidates (scalar
+ * or four-lane), f16_to_f64_words(words, out) for their four-lane widening, and
+ * kernel_path([name]) for running the search on each of its vector paths (below).
  *
  * The error of a candidate scale s (docs/encoder-profiles.md "Error of a candidate"): acc = +0;
  * for i = 0, 1, ... in index order: d = RN64(x[i] - s * code[i]), t = RN64(d * d), [weighted:
@@ -63,7 +64,11 @@
  * Vectorised across candidates: one group is read once, and for each value every one of the 14
  * candidates (padded to LANES with copies of candidate 0, which never win a tie against it) is
  * advanced by the same statements, eight or four lanes to a vector (GCC vector extensions, so
- * the vector code does not depend on the auto-vectoriser; the width is picked at load time).
+ * the vector code does not depend on the auto-vectoriser; the path is picked at load time,
+ * below).  encode_block is cloned for x86-64-v4, AVX2 and baseline (an ifunc picks one), so
+ * the per-group scalar loops around the search may be auto-vectorised: they are element-wise
+ * conversions, compares and integer maxima, and no floating-point reduction is reordered
+ * (GCC does not reassociate binary64 sums without -fassociative-math, refused below).
  * Each lane is its own sequential sum in index order; the lanes never mix.
  *
  * The search multiplies by r = RN64(1 / s) instead of dividing (the division was three
@@ -93,8 +98,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#endif
 
 #include "_encode_args.h"
 #include "_ieee.h"
@@ -143,135 +152,273 @@ static inline double f16w_to_f64(uint16_t h) {
     return (h & F16_SIGN) ? -m : m;
 }
 
-/* GCC vector extensions: W binary64 lanes per vector, LANES / W vectors per group.  W = 8
- * (one AVX-512 register) where the CPU has x86-64-v4, else W = 4 (one AVX2 register, or two
- * SSE2 ones): 8-lane vectors are faster with AVX-512 but several times slower where GCC has to
- * split them for AVX2, so each width is compiled only for the targets it suits and picked at
- * load time (PyInit).  A comparison gives an all-ones / all-zeros lane mask; SEL picks by mask
- * on the bits (a macro: no vector ABI). */
+/* GCC vector extensions: W binary64 lanes per vector, LANES / W vectors per group.  Three
+ * paths, each compiled only for the targets it suits and picked at load time (PyInit):
+ * W = 8 (one AVX-512 register) where the CPU has x86-64-v4, W = 4 with AVX2 (one register),
+ * and W = 4 on baseline x86-64 (two SSE2 registers; 8-lane vectors are several times slower
+ * where GCC has to split them).  The paths run the same operations on every lane and differ
+ * only in how a lane's code is formed from y = RN64(x * r) or RN64(x / s):
+ *
+ * - baseline: clamp to [qmin, qmax] with compare-and-select (SEL picks by an all-ones /
+ *   all-zeros lane mask, on the bits; a macro: no vector ABI), then round half to even with
+ *   the 1.5 * 2^52 trick (MAGIC above);
+ * - AVX2 and AVX-512: one vroundpd / vrndscalepd in round-to-nearest-even mode (the same RNE
+ *   integer as the trick: both are the one correctly rounded integer of y), then vmaxpd with
+ *   qmin and vminpd with qmax.  Rounding first and clamping after gives the same integer:
+ *   rounding is monotone and the bounds are integers.  vmaxpd / vminpd differ from max / min
+ *   only for NaN or for two zeros of opposite sign; y is never NaN and the bounds are not
+ *   zero.  A code of -0 (from -1/2 <= y < 0) instead of the trick's +0 changes nothing after
+ *   it: c * s is then -0, x - (-0) = x - (+0) = x for x != 0 (and both give +0 or -0 for
+ *   x = +-0, whose square is +0).
+ *
+ * Three instructions per lane vector where the trick with compare-and-select takes seven. */
 typedef double vd4 __attribute__((vector_size(32)));
 typedef int64_t vi4 __attribute__((vector_size(32)));
 typedef double vd8 __attribute__((vector_size(64)));
-typedef int64_t vi8 __attribute__((vector_size(64)));
 #define SEL(VI, VD, m, a, b) ((VD)(((VI)(a) & (m)) | ((VI)(b) & ~(m))))
+
+/* The code of y as an integer in [lov, hiv] (splats of qmin, qmax), one helper per path. */
+#define RNE_NO_EXC (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define INLINE static inline __attribute__((always_inline))
+/* Baseline: a macro, not a function (a 32-byte vector argument has no baseline ABI); the
+ * repeated operands are pure and computed once. */
+static const vd4 MAGIC4 = {MAGIC, MAGIC, MAGIC, MAGIC};
+#define CLAMP_LO4(y, lov) SEL(vi4, vd4, (y) < (lov), (lov), (y))
+#define code_sse2(y, lov, hiv)                                                               \
+    ((SEL(vi4, vd4, CLAMP_LO4(y, lov) > (hiv), (hiv), CLAMP_LO4(y, lov)) + MAGIC4) - MAGIC4)
+/* W integral codes in [-128, 127] (a VD) -> W int8 at p (exact conversions). */
+#define store_sse2(p, c)                                                                     \
+    do {                                                                                     \
+        double t_[4];                                                                        \
+        const vd4 c_ = (c);                                                                  \
+        memcpy(t_, &c_, sizeof t_);                                                          \
+        for (int l_ = 0; l_ < 4; l_++) (p)[l_] = (int8_t)t_[l_];                             \
+    } while (0)
+#define TARGET_AVX2 __attribute__((target("avx2")))
+#define TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HAVE_SIMD 1
+INLINE TARGET_AVX2 vd4 code_avx2(vd4 y, vd4 lov, vd4 hiv) {
+    return (vd4)_mm256_min_pd(_mm256_max_pd(_mm256_round_pd((__m256d)y, RNE_NO_EXC),
+                                            (__m256d)lov), (__m256d)hiv);
+}
+INLINE TARGET_AVX2 void store_avx2(int8_t *p, vd4 c) {
+    const __m128i i32 = _mm256_cvtpd_epi32((__m256d)c); /* integral: exact in any mode */
+    const __m128i i8 = _mm_packs_epi16(_mm_packs_epi32(i32, i32), _mm_setzero_si128());
+    const int32_t four = _mm_cvtsi128_si32(i8);
+    memcpy(p, &four, 4);
+}
+INLINE TARGET_AVX512 void store_avx512(int8_t *p, vd8 c) {
+    const __m128i i8 = _mm512_cvtepi32_epi8(_mm512_castsi256_si512(_mm512_cvtpd_epi32((__m512d)c)));
+    const int64_t eight = _mm_cvtsi128_si64(i8);
+    memcpy(p, &eight, 8);
+}
+INLINE TARGET_AVX512 vd8 code_avx512(vd8 y, vd8 lov, vd8 hiv) {
+    return (vd8)_mm512_min_pd(_mm512_max_pd(_mm512_roundscale_pd((__m512d)y, RNE_NO_EXC),
+                                            (__m512d)lov), (__m512d)hiv);
+}
+#else
+#define HAVE_SIMD 0
+#endif
 
 /* The error of every lane's scale s[l] over the group's n values x (binary64, exact copies of
  * binary32 values), weighted by w[i] when `weighted`: out[l] = acc as documented above.  Every
  * lane runs the document's statements for its own scale, in index order i = 0, 1, ...; the
- * vector only puts W such sequential sums side by side, so the width changes no operation. */
-#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, VI, W)                                             \
-    static inline __attribute__((always_inline)) void NAME(                                  \
+ * vector only puts W such sequential sums side by side, so the width changes no operation.
+ * x[i] - zero is x[i] itself, -0 included (a splat, no instruction). */
+/* One value's step for every lane vector v, its code formed by CEXPR (of y = RN64(x * r)). */
+#define LANE_STEP(VD, CEXPR)                                                                     \
+    for (int v = 0; v < NV; v++) {                                                           \
+        const VD y = xv * rv[v];       /* a half-integer's side only (above) */              \
+        const VD c = CEXPR;                                                                  \
+        const VD d = xv - c * sv[v];   /* c * s exact; d = RN64(x - r) */                    \
+        VD t = d * d;                  /* t = RN64(d * d) */                                 \
+        if (weighted) t = wv * t;      /* u = RN64(w * t) */                                 \
+        acc[v] = acc[v] + t;           /* acc = RN64(acc + t) */                             \
+    }
+
+#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, W, CODE, TARGET)                                   \
+    INLINE TARGET void NAME(                                                                 \
         const double *x, const double *w, Py_ssize_t n, const double *s, double lo,          \
         double hi, double *out, const int weighted) {                                        \
         enum { NV = LANES / (W) };                                                           \
         VD acc[NV], sv[NV], rv[NV];                                                          \
         const VD zero = {0};                                                                 \
-        const VD magic = zero + MAGIC, lov = zero + lo, hiv = zero + hi;                     \
+        const VD lov = zero + lo, hiv = zero + hi;                                           \
         for (int v = 0; v < NV; v++) {                                                       \
             memcpy(&sv[v], s + v * (W), sizeof sv[v]);                                       \
             rv[v] = (zero + 1.0) / sv[v]; /* RN64(1 / s), once per group */                  \
             acc[v] = zero;                /* +0 */                                           \
         }                                                                                    \
         for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-            const VD xv = zero + x[i];                                                       \
+            const VD xv = x[i] - zero;                                                       \
             const VD wv = zero + (weighted ? w[i] : 1.0);                                    \
-            for (int v = 0; v < NV; v++) {                                                   \
-                VD y = xv * rv[v];             /* a half-integer's side only (above) */      \
-                y = SEL(VI, VD, y < lov, lov, y); /* clamp to [qmin, qmax] ... */            \
-                y = SEL(VI, VD, y > hiv, hiv, y);                                            \
-                const VD c = (y + magic) - magic; /* ... and round half to even */           \
-                const VD d = xv - c * sv[v];   /* c * s exact; d = RN64(x - r) */            \
-                VD t = d * d;                  /* t = RN64(d * d) */                         \
-                if (weighted) t = wv * t;      /* u = RN64(w * t) */                         \
-                acc[v] = acc[v] + t;           /* acc = RN64(acc + t) */                     \
-            }                                                                                \
+            LANE_STEP(VD, CODE(y, lov, hiv))                                                 \
         }                                                                                    \
         for (int v = 0; v < NV; v++) memcpy(out + v * (W), &acc[v], sizeof acc[v]);         \
     }
 
-DEFINE_LANE_ERRORS_IMPL(lane_errors_impl4, vd4, vi4, 4)
+/* The stored codes of a group for its chosen scale sb: clamp(round_half_even(RN64(x / sb)))
+ * with a true division (above), W values at a time, the tail one at a time. */
+#define DEFINE_GROUP_CODES(NAME, VD, W, CODE, STORE, TARGET)                                 \
+    TARGET static void NAME(const double *x, Py_ssize_t n, double sb, double lo, double hi,  \
+                            int8_t *codes) {                                                 \
+        const VD zero = {0};                                                                 \
+        const VD lov = zero + lo, hiv = zero + hi, sv = zero + sb;                           \
+        Py_ssize_t i = 0;                                                                    \
+        for (; i + (W) <= n; i += (W)) {                                                     \
+            VD xv;                                                                           \
+            memcpy(&xv, x + i, sizeof xv);                                                   \
+            STORE(codes + i, CODE(xv / sv, lov, hiv));                                       \
+        }                                                                                    \
+        for (; i < n; i++) {                                                                 \
+            double y = x[i] / sb;                                                            \
+            y = y < lo ? lo : y;                                                             \
+            y = y > hi ? hi : y;                                                             \
+            codes[i] = (int8_t)((y + MAGIC) - MAGIC);                                        \
+        }                                                                                    \
+    }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HAVE_V4 1
-#define CLONES __attribute__((target_clones("avx2", "default")))
-DEFINE_LANE_ERRORS_IMPL(lane_errors_impl8, vd8, vi8, 8)
-/* Compiled for x86-64-v4 only, called only where PyInit found it (contraction stays off). */
-__attribute__((target("arch=x86-64-v4"))) static void lane_errors8(
-    const double *x, Py_ssize_t n, const double *s, double lo, double hi, double *out) {
-    lane_errors_impl8(x, NULL, n, s, lo, hi, out, 0);
-}
-__attribute__((target("arch=x86-64-v4"))) static void lane_errors_w8(
-    const double *x, const double *w, Py_ssize_t n, const double *s, double lo, double hi,
-    double *out) {
-    lane_errors_impl8(x, w, n, s, lo, hi, out, 1);
-}
+/* Per path: the unweighted and the weighted search, and the codes of the chosen scale. */
+#define DEFINE_PATH(SUFFIX, VD, W, TARGET)                                                   \
+    DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, code_##SUFFIX, TARGET)         \
+    TARGET static void lane_errors_##SUFFIX(const double *x, const double *w, Py_ssize_t n, \
+                                            const double *s, double lo, double hi,           \
+                                            double *out) {                                   \
+        if (w == NULL) lane_errors_impl_##SUFFIX(x, NULL, n, s, lo, hi, out, 0);             \
+        else lane_errors_impl_##SUFFIX(x, w, n, s, lo, hi, out, 1);                          \
+    }                                                                                        \
+    DEFINE_GROUP_CODES(group_codes_##SUFFIX, VD, W, code_##SUFFIX, store_##SUFFIX, TARGET)
+
+DEFINE_PATH(sse2, vd4, 4, )
+
+#if HAVE_SIMD
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
-#define HAVE_V4 0
 #define CLONES
 #endif
-static int use_v4 = 0; /* set once by PyInit, before any call */
 
-/* Two 4-lane copies (unweighted, weighted), each compiled for AVX2 and baseline x86-64 and
- * picked at load time: wider vectors change no operation (contraction stays off). */
-CLONES static void lane_errors(const double *x, Py_ssize_t n, const double *s, double lo,
-                               double hi, double *out) {
-    lane_errors_impl4(x, NULL, n, s, lo, hi, out, 0);
-}
-CLONES static void lane_errors_w(const double *x, const double *w, Py_ssize_t n,
-                                 const double *s, double lo, double hi, double *out) {
-    lane_errors_impl4(x, w, n, s, lo, hi, out, 1);
+#if HAVE_SIMD
+/* Compiled for these targets only, called only where PyInit found them (contraction stays
+ * off, so the FMA units that x86-64-v4 brings are not used: the build test checks it). */
+DEFINE_PATH(avx2, vd4, 4, TARGET_AVX2)
+DEFINE_PATH(avx512, vd8, 8, TARGET_AVX512)
+#endif
+
+enum { PATH_SSE2, PATH_AVX2, PATH_AVX512 };
+static const char *const PATH_NAMES[] = {"sse2", "avx2", "avx512"};
+static int path = PATH_SSE2; /* set once by PyInit, before any call */
+
+/* Whether this CPU can run path p. */
+static int path_available(int p) {
+#if HAVE_SIMD
+    if (p == PATH_AVX512) return __builtin_cpu_supports("x86-64-v4") != 0;
+    if (p == PATH_AVX2) return __builtin_cpu_supports("avx2") != 0;
+#endif
+    return p == PATH_SSE2;
 }
 
 static void errors_for(const double *x, const double *w, Py_ssize_t n, const double *s,
                        double lo, double hi, double *out) {
-#if HAVE_V4
-    if (use_v4) {
-        if (w == NULL) lane_errors8(x, n, s, lo, hi, out);
-        else lane_errors_w8(x, w, n, s, lo, hi, out);
-        return;
-    }
+#if HAVE_SIMD
+    if (path == PATH_AVX512) { lane_errors_avx512(x, w, n, s, lo, hi, out); return; }
+    if (path == PATH_AVX2) { lane_errors_avx2(x, w, n, s, lo, hi, out); return; }
 #endif
-    if (w == NULL) lane_errors(x, n, s, lo, hi, out);
-    else lane_errors_w(x, w, n, s, lo, hi, out);
+    lane_errors_sse2(x, w, n, s, lo, hi, out);
+}
+
+static void codes_for(const double *x, Py_ssize_t n, double sb, double lo, double hi,
+                      int8_t *codes) {
+#if HAVE_SIMD
+    if (path == PATH_AVX512) { group_codes_avx512(x, n, sb, lo, hi, codes); return; }
+    if (path == PATH_AVX2) { group_codes_avx2(x, n, sb, lo, hi, codes); return; }
+#endif
+    group_codes_sse2(x, n, sb, lo, hi, codes);
+}
+
+typedef uint64_t vu4 __attribute__((vector_size(32)));
+
+/* f64_to_f16_rne and f16_to_f64 on four lanes at once, the same bit operations (finite
+ * non-negative input; a compare gives an all-ones lane mask).  The subnormal branch reads the
+ * integer out of the 1.5 * 2^52 trick's bits (MAGIC + k has k in its low significand bits for
+ * 0 <= k < 2^51), and widens a 10-bit integer f by the same trick in reverse: both exact. */
+static const uint64_t MAGIC_BITS = 0x4338000000000000u; /* bits of MAGIC */
+INLINE vu4 f64_to_f16_rne4(vd4 v) {
+    const vu4 b = (vu4)v, one = {1, 1, 1, 1};
+    const vu4 r = b - ((uint64_t)1008 << 52);
+    const vu4 normal = (r + ((one << 41) - one) + ((r >> 42) & one)) >> 42;
+    const vu4 sub = (vu4)((v * 0x1p+24) + MAGIC) - MAGIC_BITS; /* 2^24 = 16777216 */
+    vu4 h = (vu4)SEL(vi4, vd4, v >= 0x1p-14, normal, sub); /* 2^-14 = 6.103515625e-05 */
+    return (vu4)SEL(vi4, vd4, v >= 0x1.ffep+15, (one * F16_INF), h); /* 65520 */
+}
+INLINE vd4 f16_to_f64_4(vu4 h) {
+    const vu4 e = (h >> 10) & 0x1Fu, f = h & F16_FRAC;
+    const vd4 normal = (vd4)(((e + 1008) << 52) | (f << 42));
+    const vd4 sub = (((vd4)(f | MAGIC_BITS)) - MAGIC) * 0x1p-24; /* 5.9604644775390625e-08 */
+    return SEL(vi4, vd4, (vi4)e == 0, sub, normal);
 }
 
 /* One finite group x[0..n) whose largest magnitude is the binary32 amaxf > 0.  Writes the
  * chosen scale word and codes; returns 2 (and the raw binary32 scale) where the canonical
- * scale overflows binary16, else 0. */
-static int encode_group(const double *x, const double *w, Py_ssize_t n, float amaxf, int qmin,
+ * scale overflows binary16, else 0.  The candidates are formed four lanes at a time: lane j
+ * divides num[j] by den[j], the same binary64 division as the scalar expressions of the
+ * document (candidate 0: the binary32 quotient over 1, exact; candidate 1: amax / |qmin|;
+ * 2..13: (amax * 32) / (qmax * c); lanes 14 and 15 copy lane 0). */
+INLINE int encode_group(const double *x, const double *w, Py_ssize_t n, float amaxf, int qmin,
                         int qmax, uint16_t *scale_out, int8_t *codes, float *raw_out,
                         double *st) {
     const float raw = amaxf / (float)qmax; /* Section 7: one binary32 division */
-    uint16_t s16[CANDIDATES];
-    s16[0] = f64_to_f16_rne((double)raw);
-    if (s16[0] == 0) s16[0] = 1; /* the 2^-24 rescue */
-    if (s16[0] == F16_INF) { *raw_out = raw; return 2; }
-    const double amax = (double)amaxf;
-    s16[1] = f64_to_f16_rne(amax / (double)(-qmin));
-    for (int j = 2; j < CANDIDATES; j++)
-        s16[j] = f64_to_f16_rne((amax * 32.0) / (double)(qmax * (27 + j))); /* c = 29..40 */
+    const uint16_t h0 = f64_to_f16_rne((double)raw);
+    if (h0 == F16_INF) { *raw_out = raw; return 2; }
+    const double amax = (double)amaxf, a32 = amax * 32.0, r0 = (double)raw;
+    const double num[LANES] = {r0, amax, a32, a32, a32, a32, a32, a32,
+                               a32, a32, a32, a32, a32, a32, r0, r0};
+    double den[LANES];
+    den[0] = den[14] = den[15] = 1.0;
+    den[1] = (double)(-qmin);
+    for (int j = 2; j < CANDIDATES; j++) den[j] = (double)(qmax * (27 + j)); /* c = 29..40 */
+    uint16_t s16[LANES];
     double s[LANES];
-    int usable[CANDIDATES];
-    const double s0 = f16_to_f64(s16[0]);
-    for (int j = 0; j < CANDIDATES; j++) {
-        if (s16[j] == 0) s16[j] = 1;
-        usable[j] = s16[j] != F16_INF;
-        s[j] = usable[j] ? f16_to_f64(s16[j]) : s0; /* an infinite candidate is never chosen */
+    int usable[LANES];
+    for (int v = 0; v < LANES / 4; v++) {
+        vd4 nv, dv;
+        memcpy(&nv, num + 4 * v, sizeof nv);
+        memcpy(&dv, den + 4 * v, sizeof dv);
+        vu4 h = f64_to_f16_rne4(nv / dv);
+        h = (vu4)SEL(vi4, vd4, (vi4)h == 0, ((vu4){1, 1, 1, 1}), h); /* the 2^-24 rescue */
+        const vd4 sv = f16_to_f64_4(h);
+        for (int l = 0; l < 4; l++) s16[4 * v + l] = (uint16_t)h[l];
+        memcpy(s + 4 * v, &sv, sizeof sv);
     }
-    for (int l = CANDIDATES; l < LANES; l++) s[l] = s0;
+    const double s0 = s[0];
+    for (int j = 0; j < LANES; j++) {
+        usable[j] = j < CANDIDATES && s16[j] != F16_INF;
+        if (s16[j] == F16_INF) s[j] = s0; /* an infinite candidate is never chosen */
+    }
     double err[LANES];
     const double lo = (double)qmin, hi = (double)qmax;
     errors_for(x, w, n, s, lo, hi, err);
-    int best = 0;
-    for (int j = 1; j < CANDIDATES; j++)
-        if (usable[j] && err[j] < err[best]) best = j; /* strict: the smallest index wins ties */
-    const double sb = s[best];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double y = x[i] / sb;
-        y = y < lo ? lo : y;
-        y = y > hi ? hi : y;
-        codes[i] = (int8_t)((y + MAGIC) - MAGIC);
+    /* The smallest error among the usable candidates, and the first index that has it (the
+     * document's rule: a later candidate must be strictly smaller), by a tree of minima and a
+     * bit mask instead of one long chain of compares: the minimum of a set does not depend on
+     * the order it is taken in, and errors are never NaN. */
+    double e[LANES];
+    for (int j = 0; j < LANES; j++) e[j] = usable[j] ? err[j] : (double)INFINITY;
+    double m = e[0];
+    {
+        vd4 e4[4];
+        memcpy(e4, e, sizeof e4);
+        const vd4 m01 = SEL(vi4, vd4, e4[1] < e4[0], e4[1], e4[0]);
+        const vd4 m23 = SEL(vi4, vd4, e4[3] < e4[2], e4[3], e4[2]);
+        const vd4 m4 = SEL(vi4, vd4, m23 < m01, m23, m01);
+        const double ma = m4[1] < m4[0] ? m4[1] : m4[0], mb = m4[3] < m4[2] ? m4[3] : m4[2];
+        m = mb < ma ? mb : ma;
     }
+    unsigned hits = 0;
+    for (int j = 0; j < LANES; j++) hits |= (unsigned)(e[j] == m) << j;
+    const int best = __builtin_ctz(hits); /* usable[0] holds, so hits != 0 */
+    const double sb = s[best];
+    codes_for(x, n, sb, lo, hi, codes);
     if (st != NULL) { /* verify's statistics: e = x - s * q is exact (see the contract) */
         double m = st[0], se = st[1], sx = st[2];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -289,7 +436,7 @@ static int encode_group(const double *x, const double *w, Py_ssize_t n, float am
 /* The whole block, without the GIL.  xd: `group` doubles of scratch; wd: k widened weights or
  * NULL.  Returns 0, 1 (non-finite at bad_row, bad_col) or 2 (overflow at bad_row, group
  * bad_col, raw scale bad_raw). */
-static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k, int group,
+CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k, int group,
                         Py_ssize_t groups, int qmin, int qmax, const double *wd, double *xd,
                         int8_t *out, uint16_t *sc, Py_ssize_t *bad_row, Py_ssize_t *bad_col,
                         float *bad_raw, double *st) {
@@ -523,13 +670,16 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
 }
 
 static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
-    /* Test hook: finite non-negative binary64 values -> binary16 words, the kernel's rounding. */
+    /* Test hook: finite non-negative binary64 values -> binary16 words, the kernel's rounding:
+     * the scalar f64_to_f16_rne (lanes 1) or the four-lane one of the candidates (lanes 4). */
     Py_buffer in, out;
+    int lanes = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*w*", &in, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*|i", &in, &out, &lanes)) return NULL;
     const Py_ssize_t count = in.len / 8;
     const char *why = NULL;
     if (in.len % 8 || out.len != 2 * count) why = "f64_to_f16_words: need n float64 and n uint16";
+    else if (lanes != 1 && lanes != 4) why = "f64_to_f16_words: lanes must be 1 or 4";
     for (Py_ssize_t i = 0; i < count && why == NULL; i++) {
         double v;
         memcpy(&v, (const unsigned char *)in.buf + 8 * i, 8);
@@ -537,8 +687,21 @@ static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
             why = "f64_to_f16_words: values must be finite and >= 0";
             break;
         }
-        uint16_t h = f64_to_f16_rne(v);
-        memcpy((unsigned char *)out.buf + 2 * i, &h, 2);
+    }
+    for (Py_ssize_t i = 0; i < count && why == NULL; i += lanes) {
+        double v[4] = {0.0, 0.0, 0.0, 0.0};
+        uint16_t h[4];
+        const Py_ssize_t m = count - i < lanes ? count - i : lanes;
+        memcpy(v, (const unsigned char *)in.buf + 8 * i, (size_t)m * 8);
+        if (lanes == 1) {
+            h[0] = f64_to_f16_rne(v[0]);
+        } else {
+            vd4 vv;
+            memcpy(&vv, v, sizeof vv);
+            const vu4 hv = f64_to_f16_rne4(vv);
+            for (int l = 0; l < 4; l++) h[l] = (uint16_t)hv[l];
+        }
+        memcpy((unsigned char *)out.buf + 2 * i, h, (size_t)m * 2);
     }
     PyBuffer_Release(&in); PyBuffer_Release(&out);
     if (why != NULL) {
@@ -548,32 +711,63 @@ static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Test hook: lane_width() is the search's vector width (8 or 4); lane_width(w) selects it
- * (8 only where the CPU has x86-64-v4), so the tests run both widths on one machine.  Not for
- * use while another thread encodes. */
-static PyObject *lane_width(PyObject *self, PyObject *args) {
-    int want = 0;
+static PyObject *f16_to_f64_words(PyObject *self, PyObject *args) {
+    /* Test hook: finite non-negative binary16 words -> binary64, the candidates' four-lane
+     * widening. */
+    Py_buffer in, out;
     (void)self;
-    if (!PyArg_ParseTuple(args, "|i", &want)) return NULL;
-    if (want != 0) {
-        int ok = want == 4;
-#if HAVE_V4
-        if (want == 8 && __builtin_cpu_supports("x86-64-v4")) ok = 1;
-#endif
-        if (!ok) {
-            PyErr_SetString(PyExc_ValueError, "lane_width: 4, or 8 where the CPU has x86-64-v4");
+    if (!PyArg_ParseTuple(args, "y*w*", &in, &out)) return NULL;
+    const Py_ssize_t count = in.len / 2;
+    const char *why = NULL;
+    if (in.len % 2 || out.len != 8 * count) why = "f16_to_f64_words: need n uint16 and n float64";
+    for (Py_ssize_t i = 0; i < count && why == NULL; i++) {
+        uint16_t h;
+        memcpy(&h, (const unsigned char *)in.buf + 2 * i, 2);
+        if (h >= F16_INF) why = "f16_to_f64_words: words must be finite and >= 0";
+    }
+    for (Py_ssize_t i = 0; i < count && why == NULL; i += 4) {
+        uint16_t h[4] = {0, 0, 0, 0};
+        const Py_ssize_t m = count - i < 4 ? count - i : 4;
+        memcpy(h, (const unsigned char *)in.buf + 2 * i, (size_t)m * 2);
+        const vu4 hv = {h[0], h[1], h[2], h[3]};
+        const vd4 v = f16_to_f64_4(hv);
+        memcpy((unsigned char *)out.buf + 8 * i, &v, (size_t)m * 8);
+    }
+    PyBuffer_Release(&in); PyBuffer_Release(&out);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Test hook: kernel_path() is the name of the search's path ("avx512", "avx2" or "sse2");
+ * kernel_path(name) selects it where the CPU can run it, so the tests run every path this
+ * machine has.  Not for use while another thread encodes. */
+static PyObject *kernel_path(PyObject *self, PyObject *args) {
+    const char *want = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|s", &want)) return NULL;
+    if (want != NULL) {
+        int p = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(want, PATH_NAMES[i]) == 0 && path_available(i)) p = i;
+        if (p < 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "kernel_path: avx512, avx2 or sse2, one this CPU can run");
             return NULL;
         }
-        use_v4 = want == 8;
+        path = p;
     }
-    return PyLong_FromLong(use_v4 ? 8 : 4);
+    return PyUnicode_FromString(PATH_NAMES[path]);
 }
 
 static PyMethodDef methods[] = {
-    {"lane_width", lane_width, METH_VARARGS, "The search's vector width; sets it (test hook)."},
+    {"kernel_path", kernel_path, METH_VARARGS, "The search's path; selects one (test hook)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
+    {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -584,9 +778,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__msekernel(void) {
-#if HAVE_V4
+#if HAVE_SIMD
     __builtin_cpu_init();
-    use_v4 = __builtin_cpu_supports("x86-64-v4") != 0;
 #endif
+    path = path_available(PATH_AVX512) ? PATH_AVX512
+           : path_available(PATH_AVX2) ? PATH_AVX2 : PATH_SSE2;
     return PyModule_Create(&module);
 }

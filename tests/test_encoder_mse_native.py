@@ -294,14 +294,25 @@ def _binary16_boundaries() -> np.ndarray:
 
 
 @native
-def test_native_binary16_rounding_of_candidates_is_round_to_nearest_even() -> None:
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_native_binary16_rounding_of_candidates_is_round_to_nearest_even(lanes: int) -> None:
     assert kernel is not None
     v = _binary16_boundaries()
     got = np.empty(v.size, np.uint16)
-    kernel.f64_to_f16_words(v, got)
+    kernel.f64_to_f16_words(v, got, lanes)
     with np.errstate(over="ignore"):  # the values at and above 65520 round to +inf
         want = v.astype(np.float16).view(np.uint16)  # numpy rounds binary64 to binary16 once
     assert got.tobytes() == want.tobytes()
+
+
+@native
+def test_native_four_lane_widening_of_every_finite_binary16_word_is_exact() -> None:
+    assert kernel is not None
+    words = np.arange(0, 0x7C00, dtype=np.uint16)
+    got = np.empty(words.size, np.float64)
+    kernel.f16_to_f64_words(words, got)
+    want = words.view(np.float16).astype(np.float64)  # exact widening
+    assert got.view(np.uint64).tobytes() == want.view(np.uint64).tobytes()
 
 
 def _exact_ties(fmt: str) -> tuple[np.ndarray, list[int]]:

@@ -1,6 +1,7 @@
 """The C kernel's candidate search multiplies by RN64(1 / s) instead of dividing by s
-(_msekernel.c explains why no error sum changes), with 8-lane vectors where the CPU has
-x86-64-v4 and 4-lane ones elsewhere; every test here runs at each width this CPU has.  The
+(_msekernel.c explains why no error sum changes), on three vector paths (8-lane AVX-512 where
+the CPU has x86-64-v4, 4-lane AVX2, 4-lane baseline SSE2, each with its own way of rounding and
+clamping a code); every test here runs on each path this CPU has.  The
 cases that argument is about: values exactly on a half-integer multiple of a scale (the code
 may land on either neighbour, the error must not change), one binary32 step either side of
 it, and the clamp boundaries, for normal and subnormal binary16 scales; each error sum must
@@ -27,26 +28,30 @@ pytestmark = pytest.mark.skipif(kernel is None, reason="C MSE kernel not built")
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
 
-def _widths() -> list[int]:
+def _paths() -> list[str]:
     if kernel is None:
         return []
-    default = kernel.lane_width()
+    default = kernel.kernel_path()
+    out = []
     try:
-        kernel.lane_width(8)
-        return [4, 8]
-    except ValueError:
-        return [4]
+        for name in ("sse2", "avx2", "avx512"):
+            try:
+                kernel.kernel_path(name)
+                out.append(name)
+            except ValueError:
+                pass
     finally:
-        kernel.lane_width(default)
+        kernel.kernel_path(default)
+    return out
 
 
-WIDTHS = _widths()
+PATHS = _paths()
 
 
-def _at_width(width: int) -> int:
-    """Select ``width``; returns the width to restore."""
-    default = int(kernel.lane_width())
-    kernel.lane_width(width)
+def _on_path(name: str) -> str:
+    """Select the path ``name``; returns the path to restore."""
+    default = str(kernel.kernel_path())
+    kernel.kernel_path(name)
     return default
 
 
@@ -77,10 +82,10 @@ _SCALES = st.one_of(st.integers(1, 0x3FF), st.integers(0x400, 0x7BFF))  # subnor
     st.lists(_SCALES, max_size=6),
     st.sampled_from(GROUPED),
     st.randoms(),
-    st.sampled_from(WIDTHS or [4]),
+    st.sampled_from(PATHS or ["sse2"]),
 )
 def test_error_sums_at_code_ties_and_clamp_edges_are_the_reference_ones(
-    s: int, others: list[int], fmt: str, rnd: object, width: int
+    s: int, others: list[int], fmt: str, rnd: object, path: str
 ) -> None:
     f = FORMATS[fmt]
     assert f.qmin is not None and f.qmax is not None and f.group_size is not None
@@ -88,13 +93,13 @@ def test_error_sums_at_code_ties_and_clamp_edges_are_the_reference_ones(
     xs = [pool[rnd.randrange(len(pool))] for _ in range(f.group_size)]  # type: ignore[attr-defined]
     scales = [s, *others]
     out = np.empty(len(scales), np.float64)
-    default = _at_width(width)
+    default = _on_path(path)
     try:
         kernel.group_errors(
             np.asarray(xs, np.uint32), np.asarray(scales, np.uint16), f.qmin, f.qmax, out
         )
     finally:
-        kernel.lane_width(default)
+        kernel.kernel_path(default)
     for j, sc in enumerate(scales):
         want = group_error_reference(xs, sc, _nearest(xs, sc, f.qmin, f.qmax))
         assert Fraction(float(out[j])) == want, f"scale {sc:#06x}"
@@ -111,20 +116,26 @@ def _native(words: np.ndarray, fmt: str) -> tuple[bytes, bytes]:
 
 
 @pytest.mark.parametrize("fmt", GROUPED)
-def test_both_lane_widths_write_the_same_bytes(fmt: str) -> None:
+def test_every_vector_path_writes_the_same_bytes(fmt: str) -> None:
     rng = np.random.default_rng(11)
     cases = [w for _, w in mse_boundary_corpus(FORMATS[fmt])]
     cases.append((rng.standard_normal((16, 700)).astype(np.float32) * 0.02).view(np.uint32))
     results = []
-    for width in WIDTHS:
-        default = _at_width(width)
+    for name in PATHS:
+        default = _on_path(name)
         try:
             results.append([_native(w, fmt) for w in cases])
         finally:
-            kernel.lane_width(default)
-    assert all(r == results[0] for r in results)
+            kernel.kernel_path(default)
+    assert len(results) == len(PATHS) and all(r == results[0] for r in results)
 
 
-def test_lane_width_refuses_other_widths() -> None:
-    with pytest.raises(ValueError, match="lane_width: 4, or 8"):
-        kernel.lane_width(16)
+def test_kernel_path_refuses_unknown_names_and_keeps_the_current_path() -> None:
+    before = kernel.kernel_path()
+    with pytest.raises(ValueError, match="kernel_path: avx512, avx2 or sse2"):
+        kernel.kernel_path("avx1024")
+    assert kernel.kernel_path() == before
+
+
+def test_the_default_path_is_the_widest_this_cpu_runs() -> None:
+    assert kernel.kernel_path() == PATHS[-1]
