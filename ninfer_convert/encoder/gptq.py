@@ -1,0 +1,211 @@
+"""Block-compensated encoding (docs/encoder-profiles.md, "Error compensation across columns"):
+the vectorised numpy encoder and the check of its factor.
+
+Contract: bit-identical to :mod:`.gptq_reference` for every input (tests prove it on a
+boundary corpus and on generated matrices), refusing the same rows at the same column for the
+same reason.  Rows never interact, so the work is vectorised across rows only: every document
+step ``RN64(a op b)`` is one elementwise binary64 numpy ufunc over a chunk of rows (numpy never
+fuses a multiply and an add, and never reorders elementwise operations), and the column loop
+runs in the document's order.  The two steps that are not binary64 arithmetic are exact here
+too: numpy's float64 -> float32 cast is one RNE rounding (subnormals, overflow to infinity),
+and ``rint(w / s)`` equals the exact ``round_half_even(w / s)`` because a binary64 quotient of
+a binary64 ``w`` by a binary16 ``s`` is never moved onto or across a half-integer (the argument
+is in the document).  The scale of each group is MSE_F16_SEARCH_V1's choice on the binary32
+roundings (MSE_F16_SEARCH_IW_V1's with importance weights), computed by that profile's own host
+encoder (:func:`.host.encode_rows`: its C kernel
+when built, else its numpy encoder; both write the same bytes).
+
+Memory follows the row chunk: one binary64 copy of :data:`ROW_CHUNK` rows, never the tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import EncodeError
+from ..formats import MSE_F16_SEARCH_IW_V1, MSE_F16_SEARCH_V1, NumericFormat
+from ..ieee import BINARY16, BINARY32
+from ..layouts.base import ceil_div
+from ..logical import GroupedCodes
+from .common import to_f32
+from .gptq_reference import BLOCK_UNIT
+from .mse_search import check_weights
+
+__all__ = ["ROW_CHUNK", "check_factor", "encode_compensated_numpy"]
+
+ROW_CHUNK = 256
+"""Rows per pass: with B = 128 a [256, B] binary64 slab (256 KiB) stays in the L2 cache."""
+
+_NONFINITE = "the compensated value is not finite"
+_SEARCH = "the scale search refuses the group"
+
+
+def check_factor(
+    factor: npt.NDArray[np.generic], k: int, tensor: str | None
+) -> npt.NDArray[np.uint32]:
+    """The factor of a tensor with K columns as contiguous [K, B] binary32 words (B a positive
+    multiple of 128), or an :class:`~ninfer_convert.errors.EncodeError` naming the tensor and
+    the first bad entry.
+
+    Rules (the document's "Factor"): every entry finite; row i's diagonal entry
+    ``F[i, i mod B]`` > +0; every entry left of the diagonal, and right of the block's last
+    column in a partial last block, exactly +0 (so that one factor has one spelling)."""
+    name = tensor or "<array>"
+    f = np.asarray(factor)
+    if f.dtype == np.float32:
+        f = f.view(np.uint32)
+    good = f.ndim == 2 and f.shape[0] == k and f.shape[1] > 0 and f.shape[1] % BLOCK_UNIT == 0
+    if f.dtype != np.uint32 or not good:
+        raise EncodeError(
+            f"tensor {name}: the compensation factor must be [K, B] binary32 words with "
+            f"K = {k} and B a positive multiple of {BLOCK_UNIT}, got {f.dtype} with shape "
+            f"{list(f.shape)}",
+            hint="recompute the factor file with ninfer calibrate for this source",
+        )
+    block = f.shape[1]
+    col = np.arange(block)[None, :]
+    row = np.arange(k)[:, None]
+    diag_c = row % block
+    width = np.minimum(block, k - (row - diag_c))  # columns of row i's block
+    must_be_zero = (col < diag_c) | (col >= width)
+    mag = f & np.uint32(BINARY32.magnitude_mask)
+    problems = (
+        ((mag >= np.uint32(BINARY32.exp_mask)), "is not finite"),
+        (must_be_zero & (f != 0), "must be +0 (outside the upper triangle of its block)"),
+        ((col == diag_c) & ((f >= np.uint32(BINARY32.sign_mask)) | (f == 0)), "must be > +0"),
+    )
+    for bad, why in problems:
+        if bad.any():
+            i, c = (int(v) for v in np.argwhere(bad)[0])
+            raise EncodeError(
+                f"tensor {name}: compensation factor entry [{i}, {c}] (binary32 word "
+                f"0x{int(f[i, c]):08X}) {why}",
+                hint="recompute the factor file with ninfer calibrate for this source",
+            )
+    return np.ascontiguousarray(f)
+
+
+def _refusal(tensor: str | None, row: int, column: int, reason: str) -> EncodeError:
+    return EncodeError(
+        f"tensor {tensor or '<array>'}: row {row}, column {column}: {reason} under error "
+        "compensation",
+        hint="check the source values and the compensation factor (ninfer calibrate); "
+        "MSE_F16_SEARCH_V1 encodes the tensor without compensation",
+    )
+
+
+def _encode_chunk(
+    x: npt.NDArray[np.float64],
+    f64: npt.NDArray[np.float64],
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+    failed: npt.NDArray[np.int64],
+    reason: list[str],
+    trace: npt.NDArray[np.float64] | None,
+    weights: npt.NDArray[np.uint32] | None,
+) -> None:
+    """Encode the rows ``x`` [n, K] in place of ``codes``/``scales``; rows the document
+    refuses get their first failing column in ``failed`` (-1: none) and why in ``reason``.
+    ``trace`` [n, K], when given, receives each value at the moment its code is chosen."""
+    from .host import encode_rows  # the scale search: MSE_F16_SEARCH_V1's host encoder
+
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    n, k = x.shape
+    w = x  # updated in place, column by column
+    q = np.empty(n, dtype=np.float64)
+    d = np.empty(n, dtype=np.float64)
+    e = np.empty(n, dtype=np.float64)
+    block = f64.shape[1]
+    tmp = np.empty((n, block), dtype=np.float64)
+    for b0 in range(0, k, block):
+        b1 = min(k, b0 + block)
+        for g0 in range(b0, b1, g):
+            g1 = min(b1, g0 + g)
+            with np.errstate(over="ignore", invalid="ignore"):
+                v = w[:, g0:g1].astype(np.float32)  # RN32, overflow to infinity
+            bits = v.view(np.uint32) & np.uint32(BINARY32.magnitude_mask)
+            amax = bits.max(axis=1).view(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                canonical = (amax / np.float32(fmt.qmax)).astype(np.float16)
+            refuse = (bits.max(axis=1) >= np.uint32(BINARY32.exp_mask)) | (
+                canonical.view(np.uint16) >= np.uint16(BINARY16.exp_mask)
+            )
+            new = refuse & (failed < 0)
+            if new.any():
+                failed[new] = g0
+                for r in np.flatnonzero(new):
+                    reason[r] = _SEARCH
+            v[failed >= 0] = 0.0  # refused rows: any finite stand-in, the result is discarded
+            s_words = np.empty((n, 1), dtype=np.uint16)
+            c_scratch = np.empty((n, g1 - g0), dtype=np.int8)
+            encode_rows(
+                np.ascontiguousarray(v).view(np.uint32), "F32", fmt, 0, c_scratch, s_words,
+                None, profile=MSE_F16_SEARCH_V1 if weights is None else MSE_F16_SEARCH_IW_V1,
+                importance=None if weights is None else np.ascontiguousarray(weights[g0:g1]),
+            )  # fmt: skip
+            scales[:, g0 // g] = s_words[:, 0]
+            s = s_words[:, 0].view(np.float16).astype(np.float64)
+            live = s > 0
+            for i in range(g0, g1):
+                col = w[:, i]
+                if trace is not None:
+                    trace[:, i] = col
+                bad = ~np.isfinite(col) & (failed < 0)
+                if bad.any():
+                    failed[bad] = i
+                    for r in np.flatnonzero(bad):
+                        reason[r] = _NONFINITE
+                q.fill(0.0)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    np.divide(col, s, out=q, where=live)
+                    np.rint(q, out=q)
+                    np.clip(q, fmt.qmin, fmt.qmax, out=q)
+                if (failed >= 0).any():  # NaN only in refused rows, whose codes are dropped
+                    q[failed >= 0] = 0.0
+                codes[:, i] = q
+                with np.errstate(invalid="ignore", over="ignore"):
+                    np.multiply(q, s, out=d)  # exact: s * q has at most 15 significant bits
+                    np.subtract(col, d, out=d)
+                    np.divide(d, f64[i, i - b0], out=e)
+                    if i + 1 < b1:
+                        c0, c1 = i + 1 - b0, b1 - b0
+                        t = tmp[:, : c1 - c0]
+                        np.multiply(e[:, None], f64[i, c0:c1][None, :], out=t)
+                        np.subtract(w[:, i + 1 : b1], t, out=w[:, i + 1 : b1])
+
+
+def encode_compensated_numpy(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    factor: npt.NDArray[np.generic],
+    *,
+    tensor: str | None = None,
+    row_chunk: int = ROW_CHUNK,
+    trace: npt.NDArray[np.float64] | None = None,
+    weights: npt.NDArray[np.generic] | None = None,
+) -> GroupedCodes:
+    """Encode an [N, K] matrix of source words with its [K, B] factor (checked here);
+    ``weights`` ([K] binary32 importance words, checked here) weight the scale search.
+    ``trace`` ([N, K] binary64, for tests) receives the compensated value each code was
+    chosen from, so that parity can be checked on every intermediate, not only on codes."""
+    assert fmt.group_size is not None
+    n, k = words.shape
+    f64 = check_factor(factor, k, tensor).view(np.float32).astype(np.float64)
+    wts = None if weights is None else check_weights(weights, k, tensor)
+    codes = np.empty((n, k), dtype=np.int8)
+    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
+    for r0 in range(0, n, row_chunk):
+        r1 = min(n, r0 + row_chunk)
+        x = to_f32(np.ascontiguousarray(words[r0:r1]), source_dtype).astype(np.float64)
+        failed = np.full(r1 - r0, -1, dtype=np.int64)
+        reason = [""] * (r1 - r0)
+        part = None if trace is None else trace[r0:r1]
+        _encode_chunk(x, f64, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts)
+        if (failed >= 0).any():
+            r = int(np.flatnonzero(failed >= 0)[0])
+            raise _refusal(tensor, r0 + r, int(failed[r]), reason[r])
+    return GroupedCodes(codes, scales)
