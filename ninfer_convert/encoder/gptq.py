@@ -95,6 +95,46 @@ def _refusal(tensor: str | None, row: int, column: int, reason: str) -> EncodeEr
     )
 
 
+def _group_scale(
+    values: npt.NDArray[np.float64],
+    fmt: NumericFormat,
+    g0: int,
+    failed: npt.NDArray[np.int64],
+    reason: list[str],
+    weights: npt.NDArray[np.uint32] | None,
+) -> npt.NDArray[np.uint16]:
+    """The scale word [n] of the group starting at column ``g0`` from its current values
+    [n, g1 - g0]: the search profile's choice on their binary32 roundings.  Rows whose group
+    the search refuses are marked in ``failed``/``reason`` (their word is meaningless)."""
+    from .host import encode_rows  # the scale search: MSE_F16_SEARCH_V1's host encoder
+
+    assert fmt.qmax is not None
+    n, width = values.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = values.astype(np.float32)  # RN32, overflow to infinity
+    bits = v.view(np.uint32) & np.uint32(BINARY32.magnitude_mask)
+    amax = bits.max(axis=1).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        canonical = (amax / np.float32(fmt.qmax)).astype(np.float16)
+    refuse = (bits.max(axis=1) >= np.uint32(BINARY32.exp_mask)) | (
+        canonical.view(np.uint16) >= np.uint16(BINARY16.exp_mask)
+    )
+    new = refuse & (failed < 0)
+    if new.any():
+        failed[new] = g0
+        for r in np.flatnonzero(new):
+            reason[r] = _SEARCH
+    v[failed >= 0] = 0.0  # refused rows: any finite stand-in, the result is discarded
+    s_words = np.empty((n, 1), dtype=np.uint16)
+    c_scratch = np.empty((n, width), dtype=np.int8)
+    encode_rows(
+        np.ascontiguousarray(v).view(np.uint32), "F32", fmt, 0, c_scratch, s_words, None,
+        profile=MSE_F16_SEARCH_V1 if weights is None else MSE_F16_SEARCH_IW_V1,
+        importance=None if weights is None else np.ascontiguousarray(weights[g0 : g0 + width]),
+    )  # fmt: skip
+    return s_words[:, 0]
+
+
 def _encode_chunk(
     x: npt.NDArray[np.float64],
     f64: npt.NDArray[np.float64],
@@ -109,8 +149,6 @@ def _encode_chunk(
     """Encode the rows ``x`` [n, K] in place of ``codes``/``scales``; rows the document
     refuses get their first failing column in ``failed`` (-1: none) and why in ``reason``.
     ``trace`` [n, K], when given, receives each value at the moment its code is chosen."""
-    from .host import encode_rows  # the scale search: MSE_F16_SEARCH_V1's host encoder
-
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = x.shape
@@ -124,30 +162,9 @@ def _encode_chunk(
         b1 = min(k, b0 + block)
         for g0 in range(b0, b1, g):
             g1 = min(b1, g0 + g)
-            with np.errstate(over="ignore", invalid="ignore"):
-                v = w[:, g0:g1].astype(np.float32)  # RN32, overflow to infinity
-            bits = v.view(np.uint32) & np.uint32(BINARY32.magnitude_mask)
-            amax = bits.max(axis=1).view(np.float32)
-            with np.errstate(over="ignore", invalid="ignore"):
-                canonical = (amax / np.float32(fmt.qmax)).astype(np.float16)
-            refuse = (bits.max(axis=1) >= np.uint32(BINARY32.exp_mask)) | (
-                canonical.view(np.uint16) >= np.uint16(BINARY16.exp_mask)
-            )
-            new = refuse & (failed < 0)
-            if new.any():
-                failed[new] = g0
-                for r in np.flatnonzero(new):
-                    reason[r] = _SEARCH
-            v[failed >= 0] = 0.0  # refused rows: any finite stand-in, the result is discarded
-            s_words = np.empty((n, 1), dtype=np.uint16)
-            c_scratch = np.empty((n, g1 - g0), dtype=np.int8)
-            encode_rows(
-                np.ascontiguousarray(v).view(np.uint32), "F32", fmt, 0, c_scratch, s_words,
-                None, profile=MSE_F16_SEARCH_V1 if weights is None else MSE_F16_SEARCH_IW_V1,
-                importance=None if weights is None else np.ascontiguousarray(weights[g0:g1]),
-            )  # fmt: skip
-            scales[:, g0 // g] = s_words[:, 0]
-            s = s_words[:, 0].view(np.float16).astype(np.float64)
+            s_words = _group_scale(w[:, g0:g1], fmt, g0, failed, reason, weights)
+            scales[:, g0 // g] = s_words
+            s = s_words.view(np.float16).astype(np.float64)
             live = s > 0
             for i in range(g0, g1):
                 col = w[:, i]
