@@ -62,6 +62,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -244,6 +245,9 @@ def check_output(
 # the streaming pipeline
 
 
+# The steps are helpers already; what is left is their order, inside one paused collector
+# and one writer, and the runner hook takes that one line past the limit.
+# long: every step of a conversion in its crash-safe order (see the comment above)
 def convert_checkpoint(
     source: str | Path | SourceCheckpoint,
     recipe: str | Path | Recipe,
@@ -264,8 +268,7 @@ def convert_checkpoint(
     """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
     ``signer`` just before it is published, when given).  ``importance``: the importance file
     for MSE_F16_SEARCH_IW_V1 rules (docs/recipes.md); the vectors used are stored in the
-    artifact as the side file importance.safetensors.  ``runner``: stores the tensors instead
-    of the local pipeline (``convert --ray``: :mod:`ninfer_convert.cluster`)."""
+    artifact as the side file importance.safetensors.  ``runner``: see the module contract."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
@@ -303,9 +306,7 @@ def convert_checkpoint(
         )
         with writer:
             tally.emit(None)
-            digests, ran = _store_tensors(
-                runner, writer, plan, src, provs, used_device, jobs, tally
-            )
+            digests, details = _store(runner, writer, plan, src, provs, used_device, jobs, tally)
             # Skipped tensors are part of the source identity too: digest them while reading.
             for skipped in plan.skipped:
                 digests[skipped.name] = src.read(skipped.name).digest
@@ -326,7 +327,7 @@ def convert_checkpoint(
             spot_checked_rows=tally.spot_rows,
             signature=signature,
             notices=tuple(writer.notes),
-            runner=None if ran is None else ran.details,
+            runner=details,
         )
 
 
@@ -340,7 +341,7 @@ def _encoding_device(plan: Plan, device: str) -> str:
     return used_device
 
 
-def _store_tensors(
+def _store(
     runner: TensorRunner | None,
     writer: ArtifactWriter,
     plan: Plan,
@@ -349,14 +350,14 @@ def _store_tensors(
     device: str,
     jobs: int,
     tally: Tally,
-) -> tuple[dict[str, str], RunnerResult | None]:
+) -> tuple[dict[str, str], dict[str, Any] | None]:
     """Every tensor into the writer, by ``runner`` or by the local pipeline; the source
-    digests read and what the runner reported."""
+    digests read and the runner's details for the report."""
     if runner is None:
         return _write_tensors(writer, plan, src, provs, device, jobs, tally), None
     ran = runner(writer, plan, src, device, tally.stored)
     tally.spot_rows += ran.spot_checked_rows
-    return dict(ran.source_digests), ran
+    return dict(ran.source_digests), ran.details
 
 
 def _write_tensors(
