@@ -24,6 +24,10 @@ Contract:
   source byte is read the output is locked, stale staging folders of dead runs are restored or
   removed (``on_notice`` gets one line each), the destination is checked (what ``force`` may
   replace, never the source) and the free space is compared with the plan's exact size.
+* ``runner`` (a :class:`TensorRunner`; ``convert --ray``: :mod:`ninfer_convert.cluster`)
+  stores the plan's tensors in the writer instead of ``_write_tensors``, byte for byte the
+  same; planning, the destination checks, side files, metadata, signing and the publish stay
+  here.
 * :func:`check_output` makes the same destination, permission and free-space checks without
   writing anything (``convert --dry-run``).
 * The steps of :func:`convert_checkpoint`, in order: plan (:func:`plan_conversion`), choose
@@ -58,6 +62,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -78,6 +83,7 @@ from .container.schema import Provenance, paused_gc
 from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import Reservation, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
+from .convert_tensors import RunnerResult, Tally, TensorRunner
 from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
@@ -99,6 +105,8 @@ __all__ = [
     "ConvertReport",
     "OutputCheck",
     "ProgressEvent",
+    "RunnerResult",
+    "TensorRunner",
     "check_output",
     "convert_checkpoint",
     "plan_conversion",
@@ -237,6 +245,9 @@ def check_output(
 # the streaming pipeline
 
 
+# The steps are helpers already; what is left is their order, inside one paused collector
+# and one writer, and the runner hook takes that one line past the limit.
+# long: every step of a conversion in its crash-safe order (see the comment above)
 def convert_checkpoint(
     source: str | Path | SourceCheckpoint,
     recipe: str | Path | Recipe,
@@ -252,11 +263,12 @@ def convert_checkpoint(
     signer: Signer | None = None,
     on_notice: Callable[[str], None] | None = None,
     importance: str | Path | None = None,
+    runner: TensorRunner | None = None,
 ) -> ConvertReport:
     """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
     ``signer`` just before it is published, when given).  ``importance``: the importance file
     for MSE_F16_SEARCH_IW_V1 rules (docs/recipes.md); the vectors used are stored in the
-    artifact as the side file importance.safetensors."""
+    artifact as the side file importance.safetensors.  ``runner``: see the module contract."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
@@ -270,7 +282,7 @@ def convert_checkpoint(
         )
         side_files = copied_side_files(plan, src)  # refuses a clash before reading
         used_device = _encoding_device(plan, device)
-        tally = _Tally(plan, started, progress)
+        tally = Tally(plan, started, progress)
         metadata = artifact_metadata(plan, src, {}, alignment)
         card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
         provs = _provenances(plan)
@@ -294,7 +306,7 @@ def convert_checkpoint(
         )
         with writer:
             tally.emit(None)
-            digests = _write_tensors(writer, plan, src, provs, used_device, jobs, tally)
+            digests, details = _store(runner, writer, plan, src, provs, used_device, jobs, tally)
             # Skipped tensors are part of the source identity too: digest them while reading.
             for skipped in plan.skipped:
                 digests[skipped.name] = src.read(skipped.name).digest
@@ -315,6 +327,7 @@ def convert_checkpoint(
             spot_checked_rows=tally.spot_rows,
             signature=signature,
             notices=tuple(writer.notes),
+            runner=details,
         )
 
 
@@ -328,38 +341,23 @@ def _encoding_device(plan: Plan, device: str) -> str:
     return used_device
 
 
-class _Tally:
-    """What the calling thread has completed so far, and the :class:`ProgressEvent` it sends
-    after each tensor (and once before the first)."""
-
-    def __init__(
-        self, plan: Plan, started: float, progress: Callable[[ProgressEvent], None] | None
-    ) -> None:
-        self.total = len(plan.entries)
-        self.total_bytes = sum(e.source_bytes for e in plan.entries)
-        self.started = started
-        self.progress = progress
-        self.done = 0
-        self.done_bytes = 0
-        self.written = 0
-        self.spot_rows = 0
-
-    def completed(self, entry: PlanEntry, packed: PackedTensor, written: int) -> None:
-        self.spot_rows += packed.spot_rows
-        self.written += written
-        self.done += 1
-        self.done_bytes += entry.source_bytes
-        if self.progress is not None:  # no call per tensor without a listener
-            self.emit(entry.output)
-
-    def emit(self, name: str | None) -> None:
-        if self.progress is not None:
-            self.progress(
-                ProgressEvent(
-                    name, self.done, self.total, self.done_bytes, self.total_bytes,
-                    self.written, time.perf_counter() - self.started,
-                )
-            )  # fmt: skip
+def _store(
+    runner: TensorRunner | None,
+    writer: ArtifactWriter,
+    plan: Plan,
+    src: SourceCheckpoint,
+    provs: Mapping[str, Provenance],
+    device: str,
+    jobs: int,
+    tally: Tally,
+) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """Every tensor into the writer, by ``runner`` or by the local pipeline; the source
+    digests read and the runner's details for the report."""
+    if runner is None:
+        return _write_tensors(writer, plan, src, provs, device, jobs, tally), None
+    ran = runner(writer, plan, src, device, tally.stored)
+    tally.spot_rows += ran.spot_checked_rows
+    return dict(ran.source_digests), ran.details
 
 
 def _write_tensors(
@@ -369,7 +367,7 @@ def _write_tensors(
     provs: Mapping[str, Provenance],
     device: str,
     jobs: int,
-    tally: _Tally,
+    tally: Tally,
 ) -> dict[str, str]:
     """Derive every entry into its reserved planes and complete them in plan order; returns
     the digests of the source tensors read."""

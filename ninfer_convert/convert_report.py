@@ -47,6 +47,8 @@ class ConvertReport:
     signature: SignatureStatus | None = None
     notices: tuple[str, ...] = ()
     """Stale staging folders restored or removed, remains kept (one line each)."""
+    runner: dict[str, Any] | None = None
+    """The :class:`~ninfer_convert.convert.TensorRunner`'s details, when one stored the tensors."""
 
     def to_dict(self) -> dict[str, Any]:
         plan = self.plan.to_dict()
@@ -70,6 +72,7 @@ class ConvertReport:
             "warnings": plan["warnings"],
             "signature": None if self.signature is None else self.signature.to_json(),
             "notices": list(self.notices),
+            **({} if self.runner is None else {"runner": self.runner}),
         }
 
 

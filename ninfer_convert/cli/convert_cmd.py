@@ -43,7 +43,7 @@ from ..recipe import Plan, padding_warnings, resolve_recipe
 from ..recipe.cost import WARNINGS_SHOWN
 from ..signing import Signer, key_signer
 from ..source import SourceCheckpoint, open_source
-from .render import human_bytes, json_option, make_console
+from .render import LOCAL_RAY, human_bytes, json_option, make_console, ray_option
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
@@ -224,6 +224,7 @@ def render_report(report: ConvertReport) -> None:
 @click.option("--importance", default=None, metavar="FILE.safetensors",
               help="Importance vectors (ninfer calibrate) for rules that select "
               "MSE_F16_SEARCH_IW_V1; stored in the artifact.")  # fmt: skip
+@ray_option("Derive and write the shards (one task per shard; needs --max-shard-size)")
 def command(
     source: str,
     recipe: str | None,
@@ -238,10 +239,22 @@ def command(
     as_json: bool,
     sign_key: str | None,
     importance: str | None,
+    ray_address: str | None,
 ) -> None:
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
     org/name repo id) into a .ninfer model directory."""
     shard_size = parse_size(max_shard_size) if max_shard_size is not None else None
+    runner = None
+    if ray_address is not None:
+        from ..cluster import RayCluster
+
+        if shard_size is None and not dry_run:
+            raise UsageError(
+                "convert --ray needs --max-shard-size: one task writes each shard",
+                hint="add e.g. --max-shard-size 5GB (the same flag gives the same bytes locally)",
+            )
+        cluster = RayCluster(None if ray_address == LOCAL_RAY else ray_address)
+        runner = cluster.convert_runner()
     # Fail fast: a bad key is reported before the source is read.
     signer: Signer | None = key_signer(sign_key) if sign_key is not None else None
     src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
@@ -271,7 +284,7 @@ def command(
         report = convert_checkpoint(
             src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
-            progress=reporter, signer=signer, importance=importance,
+            progress=reporter, signer=signer, importance=importance, runner=runner,
             on_notice=lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
     if as_json:

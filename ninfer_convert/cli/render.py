@@ -12,10 +12,12 @@ from rich.console import Console
 __all__ = [
     "JSON_FLAG",
     "JSON_PRINTED",
+    "LOCAL_RAY",
     "human_bytes",
     "json_option",
     "json_printed",
     "make_console",
+    "ray_option",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -47,6 +49,21 @@ def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> b
 def json_option(help_text: str) -> Callable[[_F], _F]:
     """The ``--json`` flag of every command (the parameter ``as_json``)."""
     return click.option("--json", "as_json", is_flag=True, help=help_text, callback=_remember_json)
+
+
+LOCAL_RAY = "local"
+"""The value of ``--ray`` given without an address: start a local Ray cluster."""
+
+
+def ray_option(what: str) -> Callable[[_F], _F]:
+    """The ``--ray [ADDRESS]`` option of convert and verify (the parameter ``ray_address``)."""
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value=LOCAL_RAY, default=None,
+        metavar="[ADDRESS]",
+        help=f"{what} on a Ray cluster: ADDRESS as ray.init takes it (auto: the running "
+        "cluster, ray://HOST:10001); alone, a local cluster (needs the [ray] extra; "
+        "docs/cli.md).",
+    )  # fmt: skip
 
 
 def make_console(*, stderr: bool = False) -> Console:

@@ -36,7 +36,7 @@ from ..verify import (
     VerifyReport,
     verify_artifact,
 )
-from .render import human_bytes, json_option, make_console
+from .render import LOCAL_RAY, human_bytes, json_option, make_console, ray_option
 
 __all__ = ["command", "render_report"]
 
@@ -220,6 +220,7 @@ def render_report(report: VerifyReport, *, max_findings: int = 20) -> None:
               help="The OIDC issuer of --sigstore-identity.")  # fmt: skip
 @click.option("--signature", default=None, metavar="PATH",
               help="The signature file (default: ARTIFACT/model.sig).")  # fmt: skip
+@ray_option("Run the per-tensor checks")
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -238,6 +239,7 @@ def command(
     sigstore_identity: str | None,
     sigstore_issuer: str | None,
     signature: str | None,
+    ray_address: str | None,
 ) -> None:
     """Check that ARTIFACT is exactly what its recipe promised.
 
@@ -250,6 +252,11 @@ def command(
     """
     if source is not None and no_source:
         raise UsageError("--source and --no-source contradict each other")
+    checks = None
+    if ray_address is not None:
+        from ..cluster import RayCluster
+
+        checks = RayCluster(None if ray_address == LOCAL_RAY else ray_address).verify_runner()
     sig: SignatureStatus
     # ``is not None``: an empty value (an unset shell variable) asks for a check too.
     asked = (public_key, sigstore_identity, sigstore_issuer)
@@ -272,6 +279,7 @@ def command(
             oracle_groups=oracle_groups,
             seed=seed,
             progress=reporter,
+            tensor_checks=checks,
         )
     if as_json:
         data = {**report.to_json(), "signature": sig.to_json()}

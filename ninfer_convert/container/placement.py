@@ -12,6 +12,7 @@ convert is the size it writes (tests compare them for every format).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NinferError, UsageError
@@ -32,7 +33,7 @@ from .schema import (
 )
 from .wire import DEFAULT_ALIGNMENT, PRELUDE_SIZE, align_up, canonical_json, shard_name
 
-__all__ = ["INDEX_VERSION", "check_writer_alignment", "planned_size"]
+__all__ = ["INDEX_VERSION", "Placement", "check_writer_alignment", "place_tensors", "planned_size"]
 
 INDEX_VERSION = 1
 
@@ -78,6 +79,35 @@ def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> boo
 
 
 _DIGEST_PLACEHOLDER = "0" * 32  # every digest in a header or index is 32 hex digits
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the writer puts one tensor: its 0-based shard, its planes' offsets in that shard
+    and the end of its last plane."""
+
+    shard: int
+    offsets: list[int]
+    end: int
+
+
+def place_tensors(
+    plane_sizes: Iterable[Sequence[int]], *, alignment: int, max_shard_size: int | None
+) -> list[Placement]:
+    """The placement of consecutive tensors with these plane sizes by the writer's own rules
+    (:func:`_placement`, :func:`_starts_new_shard`): a shard's payload written elsewhere
+    (:mod:`ninfer_convert.cluster`) at these offsets holds the writer's bytes."""
+    check_writer_alignment(alignment)
+    placed: list[Placement] = []
+    shard, cursor = 0, PRELUDE_SIZE
+    for sizes in plane_sizes:
+        offsets, end = _placement(cursor, sizes, alignment)
+        if _starts_new_shard(bool(placed), end, max_shard_size):
+            shard += 1
+            offsets, end = _placement(PRELUDE_SIZE, sizes, alignment)
+        placed.append(Placement(shard, offsets, end))
+        cursor = end
+    return placed
 
 
 def planned_size(

@@ -9,6 +9,9 @@ Contract:
   files: one tensor's planes in memory at a time, in the order they are added, the same calls
   giving byte-identical files (:mod:`.shardwriter` has their contract; :mod:`.placement` the
   placement and sharding rules, which :func:`planned_size` shares).
+* ``adopt_shard`` takes over the next shard whose payload another process wrote (a cluster
+  task of ``convert --ray``, :mod:`ninfer_convert.cluster`), after checking its header entries
+  and its size; the writer then takes no other tensor.
 * ``add_file`` copies a side file (config.json, tokenizer files) into the model directory
   (:mod:`.sidefiles`).
 * ``commit`` appends each shard's header, names the shards (``model.ninfer``, or
@@ -49,6 +52,7 @@ from typing import Any
 
 from .._startup import pause_point
 from ..errors import ResourceError, UsageError
+from .checks import check_tensor_geometry
 from .placement import INDEX_VERSION, _usage, check_writer_alignment, planned_size
 from .publish import (
     Destination,
@@ -63,8 +67,18 @@ from .publish import (
     recover_stale,
     resource_error,
 )
-from .schema import ArtifactMeta, Header, IndexFile, IndexShard, SchemaError, ShardInfo, SideFile
-from .shardfile import Reservation, WrittenTensor
+from .schema import (
+    ArtifactMeta,
+    Header,
+    IndexFile,
+    IndexShard,
+    Provenance,
+    SchemaError,
+    ShardInfo,
+    SideFile,
+    TensorEntry,
+)
+from .shardfile import Reservation, WrittenTensor, _Shard
 from .shardwriter import ShardWriter
 from .sidefiles import SideFiles
 from .wire import (
@@ -75,6 +89,7 @@ from .wire import (
     MAX_HEADER_BYTES,
     MINOR_VERSION,
     PRELUDE,
+    PRELUDE_SIZE,
     canonical_json,
     header_digest,
     shard_name,
@@ -118,6 +133,7 @@ class ArtifactWriter(ShardWriter):
         """One line per stale staging folder restored or removed, or remains kept."""
         self._on_notice = on_notice
         self._side_files = SideFiles()
+        self._adopted = False  # shards written elsewhere were adopted: no tensor is added
         self._lock = OutputLock(self.out_dir)
         self._area: StagingArea | None = None
         # A usage problem is reported before anything is created.
@@ -214,6 +230,74 @@ class ArtifactWriter(ShardWriter):
     def _require_open(self) -> None:
         if self._state != "open":
             raise UsageError(f"the artifact writer is already {self._state}")
+
+    # -- shards written elsewhere -----------------------------------------------------------
+
+    def adopt_shard(
+        self, path: str | os.PathLike[str], *, payload_end: int, tensors: Sequence[TensorEntry]
+    ) -> None:
+        """Take over the next shard, whose payload another process wrote (a cluster task,
+        :mod:`ninfer_convert.cluster`): ``path``, a file directly in the staging directory,
+        holds :data:`PRELUDE_SIZE` placeholder bytes and then the ``tensors``' planes (header
+        entries whose digests were taken from the stored bytes), ending at ``payload_end``.
+        The entries are checked as :meth:`complete` checks its own (geometry, names, planes
+        inside the payload, in order); ``commit`` then finishes the shard like any other.  The
+        first adoption discards the empty shard the writer opened; after one, the writer takes
+        no other tensor."""
+        self._require_open()
+        if self._reserved:
+            raise UsageError("complete the pending reservations before adopting a shard")
+        shard_path = Path(path)
+        if shard_path.parent != self.staging:
+            raise UsageError(f"an adopted shard must lie in the staging directory {self.staging}",
+                             path=str(shard_path))  # fmt: skip
+        if not self._adopted:
+            last = self._shards[-1]
+            if last.tensors or last.cursor != PRELUDE_SIZE or self._inline is not None:
+                raise UsageError("shards are adopted into a writer that holds no tensor yet")
+        cursor = PRELUDE_SIZE
+        names: set[str] = set()
+        for entry in tensors:
+            where = f"adopted shard {shard_path.name}: tensor {entry.name!r}"
+            try:
+                check_tensor_geometry(entry, where, self._checked)
+            except SchemaError as exc:
+                raise exc.as_error(UsageError, where) from None
+            if entry.name in self._names or entry.name in names:
+                raise UsageError("tensor added twice", tensor=entry.name)
+            for plane in entry.planes:
+                if plane.offset < cursor or plane.offset % self.alignment:
+                    raise UsageError(f"plane {plane.name!r} at offset {plane.offset} overlaps "
+                                     "the bytes before it or is not aligned",
+                                     path=str(shard_path), tensor=entry.name)  # fmt: skip
+                cursor = plane.offset + plane.nbytes
+            names.add(entry.name)
+        if cursor > payload_end:
+            raise UsageError(f"the planes end at {cursor}, after the payload's end {payload_end}",
+                             path=str(shard_path))  # fmt: skip
+        try:
+            size = shard_path.stat().st_size
+        except OSError as exc:
+            raise self._resource(exc, "adopting a shard") from None
+        if size != payload_end:
+            raise UsageError(f"the shard payload has {size} bytes, not {payload_end}",
+                             path=str(shard_path))  # fmt: skip
+        if not self._adopted:  # the empty shard opened for the next tensor goes
+            last = self._shards.pop()
+            self._finish_payload(last)
+            last.path.unlink()
+            self._adopted = True
+        number = len(self._shards) + 1
+        self._shards.append(_Shard(number, shard_path, None, payload_end, list(tensors)))
+        self._names.update(names)
+
+    def _entry_checks(
+        self, name: str, fmt_name: str, role: str, provenance: Provenance | Mapping[str, Any]
+    ) -> Provenance:
+        if self._adopted:  # every tensor added goes through this check first
+            raise UsageError("the writer holds adopted shards and takes no other tensor",
+                             tensor=name)  # fmt: skip
+        return super()._entry_checks(name, fmt_name, role, provenance)
 
     # -- side files ----------------------------------------------------------------------------
 

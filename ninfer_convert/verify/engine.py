@@ -49,11 +49,15 @@ Contract of :func:`verify_artifact`:
   scheduling.
 * ``progress`` (optional) receives :class:`ProgressEvent` values from the calling thread and
   from the workers; it must be thread-safe and cheap.
+* ``tensor_checks`` (optional, ``verify --ray``: :mod:`ninfer_convert.cluster`) runs the
+  per-tensor checks in other processes (:mod:`.remote`); their outcomes are merged exactly as
+  local ones, so the report is the same.
 
 This module is the driver: it opens the artifact, runs the checks in order and assembles the
 report.  The checks live in :mod:`.artifact_checks` (beyond the reader's), :mod:`.prepare` (the
 source, the plan and the header against it), :mod:`.source_identity`, :mod:`.tensor_checks`
-(one tensor) and :mod:`.runner` (every tensor, on the scheduler).
+(one tensor), :mod:`.runner` (every tensor, on the scheduler) and :mod:`.remote` (every
+tensor, in other processes).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from .artifact_checks import (
     recipe_digest_findings,
 )
 from .prepare import Prepared, prepare_source
+from .remote import CheckOptions, TensorChecks, absolute_source, remote_outcomes
 from .report import CheckResult, Finding, SourceUse, VerifyReport, checks_in_order
 from .runner import run_tensors
 from .source_identity import unused_source_digests
@@ -156,8 +161,10 @@ def verify_artifact(
     oracle_groups: int = DEFAULT_ORACLE_GROUPS,
     seed: int = DEFAULT_SEED,
     progress: ProgressCallback | None = None,
+    tensor_checks: TensorChecks | None = None,
 ) -> VerifyReport:
-    """Run every check (see the module contract) and return the report."""
+    """Run every check (see the module contract) and return the report; ``tensor_checks``
+    runs the per-tensor checks elsewhere (``verify --ray``), with the same report."""
     started = time.perf_counter()
     options = _Options(source, use_recorded_source, device, jobs, oracle_groups, seed)
     path = _checked_options(artifact, options)
@@ -186,7 +193,8 @@ def verify_artifact(
     with art, paused_gc():
         timings["open"] = time.perf_counter() - t0
         emit("open", 1, 1)
-        run = _run_checks(art, options, emit, timings, settings)
+        elsewhere = None if tensor_checks is None else (tensor_checks, path)
+        run = _run_checks(art, options, emit, timings, settings, elsewhere)
     results = _results(run)
     return VerifyReport(
         artifact=str(path),
@@ -263,8 +271,10 @@ def _run_checks(
     emit: _Emit,
     timings: dict[str, float],
     settings: dict[str, Any],
+    elsewhere: tuple[TensorChecks, Path] | None = None,
 ) -> _Run:
-    """Every check of the opened artifact, in order, each phase timed and reported."""
+    """Every check of the opened artifact, in order, each phase timed and reported (the
+    per-tensor ones by ``elsewhere``'s checks, given the path the artifact was opened from)."""
     names = list(art.tensors)
     total_bytes = art.total_bytes()
     structure = artifact_level_findings(art)
@@ -299,7 +309,14 @@ def _run_checks(
         settings["device_used"] = prepared.ctx.device
 
     t0 = time.perf_counter()
-    outcomes = run_tensors(art, names, prepared.ctx, options.jobs, emit)
+    if elsewhere is not None:
+        checks, path = elsewhere
+        remote = CheckOptions(absolute_source(options.source), options.use_recorded_source,
+                              options.device, options.jobs, options.oracle_groups,
+                              options.seed)  # fmt: skip
+        outcomes = remote_outcomes(checks, path, art, names, prepared.ctx, emit, remote)
+    else:
+        outcomes = run_tensors(art, names, prepared.ctx, options.jobs, emit)
     if prepared.ctx is not None:
         prepared.identity += unused_source_digests(prepared.ctx, art)
     timings["tensors"] = time.perf_counter() - t0
