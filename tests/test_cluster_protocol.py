@@ -170,13 +170,15 @@ def test_adopt_shard_checks_the_payload_and_the_entries(tmp_path: Path) -> None:
             writer.adopt_shard(path, payload_end=result.payload_end, tensors=result.tensors)
         mine = writer.staging / path.name
         path.rename(mine)
+        _grown(mine, 1)
         with pytest.raises(UsageError, match="payload has"):
-            writer.adopt_shard(mine, payload_end=result.payload_end + 1, tensors=result.tensors)
+            writer.adopt_shard(mine, payload_end=result.payload_end, tensors=result.tensors)
+        _grown(mine, -1)
         first = result.tensors[0]
         moved = first.planes[0]
         planes = (PlaneEntry(moved.name, 64, moved.nbytes, moved.digest), *first.planes[1:])
         shifted = dataclasses.replace(first, planes=planes)
-        with pytest.raises(UsageError, match=r"overlaps|not aligned"):
+        with pytest.raises(UsageError, match="own offset"):
             writer.adopt_shard(mine, payload_end=result.payload_end, tensors=(shifted,))
         writer.adopt_shard(mine, payload_end=result.payload_end, tensors=result.tensors)
         with pytest.raises(UsageError, match="added twice"):
@@ -376,3 +378,60 @@ def test_place_tensors_is_the_writers_own_placement(tmp_path: Path) -> None:
             writer.complete(res)
         writer.abort()
     assert [p.shard for p in placed] == [0, 1, 2, 3, 4, 4, 4, 5, 6, 6]
+
+
+def _grown(path: Path, extra: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(path.stat().st_size + extra)
+
+
+def test_adopt_shard_refuses_planes_off_the_writers_own_offsets(tmp_path: Path) -> None:
+    """A payload placed with gaps the writer would not leave (another alignment, a bug in the
+    task) is a valid-looking shard whose bytes differ from a local run's: refused."""
+    path, result = _payload(tmp_path)
+    with _writer(tmp_path) as writer:
+        mine = writer.staging / path.name
+        path.rename(mine)
+        step = writer.alignment
+        _grown(mine, step)
+        shifted = tuple(
+            dataclasses.replace(
+                t,
+                planes=tuple(
+                    PlaneEntry(p.name, p.offset + step, p.nbytes, p.digest) for p in t.planes
+                ),
+            )
+            for t in result.tensors
+        )
+        with pytest.raises(UsageError, match="own offset"):
+            writer.adopt_shard(mine, payload_end=result.payload_end + step, tensors=shifted)
+        writer.abort()
+    assert not (tmp_path / "out").exists()
+
+
+def test_adopt_shard_refuses_bytes_after_the_last_plane(tmp_path: Path) -> None:
+    """Bytes between the last plane and the header are covered by no digest: refused."""
+    path, result = _payload(tmp_path)
+    with _writer(tmp_path) as writer:
+        mine = writer.staging / path.name
+        path.rename(mine)
+        _grown(mine, 64)
+        with pytest.raises(UsageError, match="after the last plane"):
+            writer.adopt_shard(mine, payload_end=result.payload_end + 64, tensors=result.tensors)
+        writer.abort()
+    assert not (tmp_path / "out").exists()
+
+
+def test_adopt_shard_refuses_a_shard_past_max_shard_size(tmp_path: Path) -> None:
+    """A shard the writer itself would have split (a later tensor ends past
+    --max-shard-size) is not the writer's shard: refused."""
+    path, result = _payload(tmp_path)
+    assert len(result.tensors) == 2
+    first_end = max(p.offset + p.nbytes for p in result.tensors[0].planes)
+    with ArtifactWriter(tmp_path / "out", metadata=META, max_shard_size=first_end) as writer:
+        mine = writer.staging / path.name
+        path.rename(mine)
+        with pytest.raises(UsageError, match="max_shard_size"):
+            writer.adopt_shard(mine, payload_end=result.payload_end, tensors=result.tensors)
+        writer.abort()
+    assert not (tmp_path / "out").exists()

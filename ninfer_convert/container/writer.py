@@ -53,7 +53,14 @@ from typing import Any
 from .._startup import pause_point
 from ..errors import ResourceError, UsageError
 from .checks import check_tensor_geometry
-from .placement import INDEX_VERSION, _usage, check_writer_alignment, planned_size
+from .placement import (
+    INDEX_VERSION,
+    _placement,
+    _starts_new_shard,
+    _usage,
+    check_writer_alignment,
+    planned_size,
+)
 from .publish import (
     Destination,
     Interrupted,
@@ -265,15 +272,23 @@ class ArtifactWriter(ShardWriter):
                 raise exc.as_error(UsageError, where) from None
             if entry.name in self._names or entry.name in names:
                 raise UsageError("tensor added twice", tensor=entry.name)
-            for plane in entry.planes:
-                if plane.offset < cursor or plane.offset % self.alignment:
-                    raise UsageError(f"plane {plane.name!r} at offset {plane.offset} overlaps "
-                                     "the bytes before it or is not aligned",
+            # The writer's own placement, exactly: any other offset leaves gaps no digest
+            # covers and bytes that differ from a local run's.
+            offsets, end = _placement(cursor, (p.nbytes for p in entry.planes), self.alignment)
+            for plane, want in zip(entry.planes, offsets, strict=True):
+                if plane.offset != want:
+                    raise UsageError(f"plane {plane.name!r} at offset {plane.offset}, not at the "
+                                     f"writer's own offset {want} (alignment {self.alignment})",
                                      path=str(shard_path), tensor=entry.name)  # fmt: skip
-                cursor = plane.offset + plane.nbytes
+            if _starts_new_shard(bool(names), end, self.max_shard_size):
+                raise UsageError(f"the tensor ends at {end}, past max_shard_size "
+                                 f"{self.max_shard_size}: the writer starts a new shard there",
+                                 path=str(shard_path), tensor=entry.name)  # fmt: skip
+            cursor = end
             names.add(entry.name)
-        if cursor > payload_end:
-            raise UsageError(f"the planes end at {cursor}, after the payload's end {payload_end}",
+        if cursor != payload_end:
+            raise UsageError(f"the planes end at {cursor}, the payload at {payload_end}: bytes "
+                             "after the last plane, or planes past the payload's end",
                              path=str(shard_path))  # fmt: skip
         try:
             size = shard_path.stat().st_size
