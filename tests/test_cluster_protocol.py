@@ -435,3 +435,21 @@ def test_adopt_shard_refuses_a_shard_past_max_shard_size(tmp_path: Path) -> None
             writer.adopt_shard(mine, payload_end=result.payload_end, tensors=result.tensors)
         writer.abort()
     assert not (tmp_path / "out").exists()
+
+
+def test_shard_tasks_with_importance_and_another_alignment_give_the_local_bytes(
+    tmp_path: Path,
+) -> None:
+    """The plan's importance words reach the tasks (an importance-weighted encoder) and the
+    tasks place planes at the writer's --alignment, not the default."""
+    from test_convert_iw import _importance, _recipe, _source, _weights
+
+    src, _ = _source(tmp_path)
+    recipe, imp = _recipe(tmp_path), _importance(tmp_path, {"w": _weights()})
+    local, split = tmp_path / "local", tmp_path / "split"
+    options: dict[str, Any] = {"device": "cpu", "max_shard_size": 4096, "alignment": 8192,
+                               "importance": imp}  # fmt: skip
+    convert_checkpoint(src, recipe, local, jobs=1, **options)
+    convert_checkpoint(src, recipe, split, runner=in_process_runner, **options)
+    assert len(list(local.glob("*.ninfer"))) == 2
+    assert files_of(split) == files_of(local)
