@@ -68,11 +68,13 @@ def test_cli_ray_without_ray_exits_2_before_reading(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
 def test_cli_convert_ray_needs_max_shard_size(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
 ) -> None:
+    # A dry run answers "would this run?": it refuses what the run refuses.
     args = ["convert", str(EXAMPLE), "--recipe", str(QWEN_RECIPE), "--output",
-            str(tmp_path / "o"), "--ray"]  # fmt: skip
+            str(tmp_path / "o"), "--ray"] + (["--dry-run"] if dry_run else [])  # fmt: skip
     assert main(args) == 2
     assert "--max-shard-size" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

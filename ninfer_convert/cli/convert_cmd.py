@@ -248,7 +248,7 @@ def command(
     if ray_address is not None:
         from ..cluster import RayCluster
 
-        if shard_size is None and not dry_run:
+        if shard_size is None:
             raise UsageError(
                 "convert --ray needs --max-shard-size: one task writes each shard",
                 hint="add e.g. --max-shard-size 5GB (the same flag gives the same bytes locally)",
