@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PeakRssAnon, machine
+from common import PeakRssAnon, evict_files, machine
 
 COLS = 4096
 EVIDENCE = """\
@@ -133,15 +132,7 @@ def evict(*dirs: Path) -> None:
     if CACHE != "cold":
         return
     for d in dirs:
-        for p in sorted(d.rglob("*")) if d.exists() else ():
-            if not p.is_file():
-                continue
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        evict_files(p for p in (sorted(d.rglob("*")) if d.exists() else ()) if p.is_file())
 
 
 def run(cmd: list[str]) -> tuple[float, int]:

@@ -33,16 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_convert import RECIPE_TEMPLATE, write_checkpoint
-
-
-def evict(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+from common import evict_files
 
 
 def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
@@ -134,7 +125,7 @@ def main() -> None:
                 if name == "ray-warm":  # started (and timed) outside the step
                     warm, address = start_cluster(env)
                     extra = ["--ray", address]
-                evict(files)
+                evict_files(files)
                 try:
                     dt, cpu, summary = run([*exe, *base, *extra, "--output", str(out)], env)
                 finally:

@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: machine description, timing, RssAnon sampling."""
+"""Shared benchmark helpers: machine description, timing, RssAnon sampling, page-cache eviction."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -84,3 +85,15 @@ class PeakRssAnon:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def evict_files(paths: Iterable[Path]) -> None:
+    """Write back and drop the page-cache pages of these files only (fsync, then
+    ``POSIX_FADV_DONTNEED``): a cold start without dropping the whole machine's cache."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
