@@ -246,7 +246,10 @@ def _fill(
             digests.update(packed.source_digests)
             spot += packed.spot_rows
             del packed
-            problems = layout.padding_problems(entry.format, dims, planes)
+            # As ShardWriter.complete: a layout without padding bits has nothing to check.
+            problems = (
+                layout.padding_problems(entry.format, dims, planes) if layout.has_padding() else []
+            )
             if problems:
                 raise UsageError(
                     "packed planes have non-canonical padding: " + "; ".join(problems[:4]),
