@@ -45,13 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from .._version import __version__
-from ..container.checks import check_tensor_geometry
+from ..container.checks import check_tensor_geometry, require_canonical_padding
 from ..container.placement import place_tensors
 from ..container.publish import resource_error
 from ..container.schema import PlaneEntry, TensorEntry
 from ..container.wire import PRELUDE_SIZE, digest_hex, new_digest
 from ..derive import derive_packed, provenance_of
-from ..errors import UsageError
 from ..formats import lookup_format
 from ..layouts import check_combination
 from ..recipe import PlanEntry
@@ -246,15 +245,7 @@ def _fill(
             digests.update(packed.source_digests)
             spot += packed.spot_rows
             del packed
-            # As ShardWriter.complete: a layout without padding bits has nothing to check.
-            problems = (
-                layout.padding_problems(entry.format, dims, planes) if layout.has_padding() else []
-            )
-            if problems:
-                raise UsageError(
-                    "packed planes have non-canonical padding: " + "; ".join(problems[:4]),
-                    tensor=entry.output,
-                )
+            require_canonical_padding(layout, entry.format, dims, planes, entry.output)
             tensor = TensorEntry(
                 name=entry.output,
                 format=entry.format,

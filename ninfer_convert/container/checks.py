@@ -9,11 +9,11 @@ decides whether that is a usage error (writer) or an artifact error (reader).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from ..errors import NinferError
+from ..errors import NinferError, UsageError
 from ..formats import check_profile_fits
-from ..layouts import PlaneSpec, check_combination
+from ..layouts import Buffer, Layout, PlaneSpec, check_combination
 from ..names import (
     MAX_NAME_CHARS,
     MAX_SIDE_FILE_CHARS,
@@ -88,6 +88,21 @@ def check_provenance(prov: Provenance, fmt: str, where: str) -> None:
 GeometryCache = dict[tuple[str, str, tuple[int, ...]], tuple[list[PlaneSpec], tuple[int, ...]]]
 """What :func:`expected_planes` computed per (format, layout, shape), shared across the entries
 of one header: models repeat a few shapes thousands of times."""
+
+
+def require_canonical_padding(
+    layout: Layout, fmt: str, shape: Sequence[int], planes: Sequence[Buffer], tensor: str
+) -> None:
+    """Refuse planes whose layout padding is not all zero bits (docs/layouts.md), as every
+    writer of a tensor must; a layout without padding bits has nothing to check, so its planes
+    are not even viewed (a measurable part of a tiny tensor's cost)."""
+    if not layout.has_padding():
+        return
+    problems = layout.padding_problems(fmt, shape, planes)
+    if problems:
+        raise UsageError(
+            "packed planes have non-canonical padding: " + "; ".join(problems[:4]), tensor=tensor
+        )
 
 
 def check_tensor_geometry(

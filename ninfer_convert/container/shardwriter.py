@@ -44,7 +44,13 @@ from ..formats import lookup_format
 from ..layouts import Buffer, Layout, PlaneSpec, check_combination, logical_shape
 from ..layouts.base import plane_u8
 from ..logical import LogicalTensor
-from .checks import GeometryCache, check_provenance, check_tensor_geometry, check_tensor_name
+from .checks import (
+    GeometryCache,
+    check_provenance,
+    check_tensor_geometry,
+    check_tensor_name,
+    require_canonical_padding,
+)
 from .placement import (
     _Geometry,
     _geometry_key,
@@ -289,16 +295,7 @@ class ShardWriter(abc.ABC):
                              tensor=res.name)  # fmt: skip
         layout = self._layout(res.fmt_name)
         specs, physical = res.specs, res.physical
-        # The reserved planes have their specs' sizes by construction; a layout without
-        # padding bits has nothing to check (about 7 % of a tiny tensor's convert CPU).
-        if layout.has_padding():
-            with _naming(res.name):
-                views = [plane_u8(p, spec) for p, spec in zip(res.planes, specs, strict=True)]
-                problems = layout.padding_problems(res.fmt_name, res.shape, views)
-                if problems:
-                    raise UsageError(
-                        "packed planes have non-canonical padding: " + "; ".join(problems[:4])
-                    )
+        require_canonical_padding(layout, res.fmt_name, res.shape, res.planes, res.name)
         entries = [
             PlaneEntry(spec.name, offset, spec.nbytes, digest_hex(memoryview(plane.data)))
             for spec, offset, plane in zip(specs, res.offsets, res.planes, strict=True)
@@ -450,11 +447,7 @@ class ShardWriter(abc.ABC):
                 )
             views = [plane_u8(p, s) for p, s in zip(planes, specs, strict=True)]
             if check_padding:
-                problems = layout.padding_problems(fmt_name, shape, views)
-                if problems:
-                    raise UsageError(
-                        "packed planes have non-canonical padding: " + "; ".join(problems[:4])
-                    )
+                require_canonical_padding(layout, fmt_name, shape, views, name)
         prov = Provenance.from_json(provenance, "provenance")
 
         shard = self._shards[-1]
