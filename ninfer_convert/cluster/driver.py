@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -115,6 +116,41 @@ def _unwrap(ray: Any, exc: BaseException, what: str) -> BaseException:
     )
 
 
+CONNECT_PROBE_S = 10.0
+"""How long the driver waits for a TCP connection to a ``HOST:PORT`` address before saying the
+cluster is unreachable; ``ray.init`` itself retries a refused port for minutes."""
+
+
+def tcp_endpoint(address: str | None) -> tuple[str, int] | None:
+    """(host, port) of an address written ``HOST:PORT`` or ``ray://HOST:PORT`` (IPv6 hosts in
+    brackets); None for every other form (``auto``, ``local``, none), left to ``ray.init``."""
+    if not address:
+        return None
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def probe_address(address: str, timeout_s: float = CONNECT_PROBE_S) -> None:
+    """Fail fast, with a UsageError naming the address, when nothing accepts a TCP connection
+    at a ``HOST:PORT`` address; other address forms pass unchecked."""
+    endpoint = tcp_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise UsageError(
+            f"cannot reach the Ray cluster at {address}: {reason} (a TCP connection to "
+            f"{endpoint[0]} port {endpoint[1]} within {timeout_s:g} s)",
+            hint="check the head node's address and port (ray start --head prints it), that "
+            "it runs and that no firewall is in the way; --ray auto on a node of the cluster",
+        ) from None
+
+
 class RayCluster:
     """A Ray cluster to run ``convert`` and ``verify`` on (``address`` as ``ray.init`` takes
     it: None for a local cluster, ``auto`` for the running one).  Constructing it only checks
@@ -144,6 +180,8 @@ class RayCluster:
         options: dict[str, Any] = {"log_to_driver": False}
         if self.address is None:
             options["include_dashboard"] = False
+        if self.address is not None:
+            probe_address(self.address)
         try:
             ray.init(address=self.address, **{**options, **self._init_options})
         except Exception as exc:  # ConnectionError, ValueError, RuntimeError from ray.init
