@@ -449,7 +449,7 @@ def _sign_and_commit(
 
     def sign_staged(staging: Path) -> None:
         if signer is not None:
-            signed.append(sign_directory(staging, signer))
+            signed.append(sign_directory(staging, signer, lock=False))
 
     out = Path(writer.commit(before_publish=sign_staged))
     # The signature was written in the staging directory, now renamed to ``out``.

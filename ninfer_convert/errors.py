@@ -271,7 +271,9 @@ KINDS: dict[str, ErrorKind] = {
     "quota_exceeded": ErrorKind(ResourceError, "disk quota exceeded (EDQUOT)"),
     "permission_denied": ErrorKind(ResourceError, "permission denied (EACCES, EPERM)"),
     "read_only": ErrorKind(ResourceError, "read-only file system (EROFS)"),
-    "output_locked": ErrorKind(ResourceError, "the output is locked by another ninfer convert"),
+    "output_locked": ErrorKind(
+        ResourceError, "the output is locked by another ninfer convert or sign"
+    ),
     "out_of_memory": ErrorKind(ResourceError, "host or GPU memory ran out"),
     "signature_missing": ErrorKind(SignatureError, "no signature file where one is required"),
     "signature_mismatch": ErrorKind(

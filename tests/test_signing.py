@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from ninfer_convert.cli import main
+from ninfer_convert.container.lock import LOCK_SUFFIX, OutputLock
 from ninfer_convert.container.wire import INDEX_NAME
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.errors import SignatureError
@@ -429,7 +430,8 @@ def test_failed_signing_in_convert_leaves_nothing(
 
     seen: list[Path] = []
 
-    def failing(staging: Path, signer: object) -> None:
+    def failing(staging: Path, signer: object, lock: bool = True) -> None:
+        assert not lock  # convert already holds the output; staging is its own
         seen.append(staging)
         assert (staging / "model.ninfer").is_file()  # complete, but not yet published
         raise SignatureError("signing failed on purpose", path=str(staging))
@@ -688,3 +690,39 @@ def test_empty_sigstore_options_are_not_silently_ignored(
                             "--sigstore-identity", "", "--sigstore-issuer", "")  # fmt: skip
     assert code == 2, out
     assert "--sigstore-identity" in err and "PASS" not in out
+
+
+def test_sign_while_a_convert_holds_the_output_fails_locked_and_changes_nothing(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys, tmp_path: Path
+) -> None:
+    # A signature hashed while a convert replaces the directory would cover a mix of both.
+    art = _copy(built["single"], tmp_path)
+    before = sorted(p.name for p in art.iterdir())
+    held = OutputLock(art)  # what a convert to this output holds while it writes
+    held.acquire()
+    try:
+        code, _, err = ninfer(capsys, "sign", art, "--key", keys["a"][0])
+    finally:
+        held.release()
+    assert code == 7, err
+    assert f"being written by another ninfer convert (pid {os.getpid()})" in err
+    assert sorted(p.name for p in art.iterdir()) == before
+    assert ninfer(capsys, "sign", art, "--key", keys["a"][0])[0] == 0  # released: signs now
+    assert not (tmp_path / f".art{LOCK_SUFFIX}").exists()
+
+
+def test_convert_while_sign_holds_the_output_fails_naming_sign(
+    capsys: pytest.CaptureFixture[str], built: dict[str, Path], keys, tmp_path: Path
+) -> None:
+    art = _copy(built["single"], tmp_path)
+    before = {p.name: p.read_bytes() for p in art.iterdir()}
+    held = OutputLock(art, "sign")  # what sign_directory holds while it hashes and writes
+    held.acquire()
+    try:
+        code, _, err = ninfer(capsys, "convert", EXAMPLE, "--recipe", RECIPE, "--output", art,
+                              "--force", "--device", "cpu")  # fmt: skip
+    finally:
+        held.release()
+    assert code == 7, err
+    assert f"being signed by another ninfer sign (pid {os.getpid()})" in err
+    assert {p.name: p.read_bytes() for p in art.iterdir()} == before

@@ -1,7 +1,8 @@
 """The output's lock: :class:`OutputLock` takes an exclusive ``fcntl.flock`` on
-``.<name>.ninfer-lock`` beside the output (same parent) for the whole write; a second writer to
-the same output gets a :class:`ResourceError` naming the holder's pid.  The lock file records
-the holder's pid (:func:`~.owner.owner_record`) and is removed on release.  Without ``fcntl``
+``.<name>.ninfer-lock`` beside the output (same parent) for the whole write (``ninfer
+convert``) or the whole signing (``ninfer sign``); a second command on the same output gets a
+:class:`ResourceError` naming the holder's command and pid.  The lock file records the holder
+(:func:`~.owner.owner_record` plus ``command``) and is removed on release.  Without ``fcntl``
 (Windows) there is no lock."""
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ __all__ = ["LOCK_SUFFIX", "OutputLock"]
 
 LOCK_SUFFIX = ".ninfer-lock"
 
+_DOING = {"convert": "written", "sign": "signed"}
+"""What a holder does to the output, by the command recorded in the lock file."""
+
 
 class OutputLock:
     """Exclusive lock on ``.<name>.ninfer-lock`` beside ``out``; see the module contract."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, command: str = "convert") -> None:
+        if command not in _DOING:
+            raise ValueError(f"unknown lock command {command!r}")
         self.out = out
+        self.command = command
         self.path = out.parent / f".{out.name}{LOCK_SUFFIX}"
         self._fd: int | None = None
 
@@ -57,10 +64,11 @@ class OutputLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = self._holder(fd)
+                command, pid = self._holder(fd)
                 os.close(fd)
                 raise ResourceError(
-                    f"output {self.out} is being written by another ninfer convert ({holder})",
+                    f"output {self.out} is being {_DOING[command]} by another ninfer {command} "
+                    f"({pid})",
                     kind="output_locked",
                     path=str(self.path),
                     hint="wait for that run to finish or stop it; the lock ends with it",
@@ -77,7 +85,7 @@ class OutputLock:
                 os.close(fd)
                 continue
             try:
-                text = json.dumps(owner_record()).encode()
+                text = json.dumps({**owner_record(), "command": self.command}).encode()
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, text, 0)
             except OSError as exc:
@@ -90,13 +98,19 @@ class OutputLock:
         )
 
     @staticmethod
-    def _holder(fd: int) -> str:
+    def _holder(fd: int) -> tuple[str, str]:
+        """(command, "pid N") of the holder, from its lock file; a record that cannot be read
+        (the holder is between its lock and its write, or an older version) says convert."""
         try:
             value = _small_json_object(os.pread(fd, _OWNER_MAX_BYTES + 1, 0))
         except OSError:
             value = None
-        pid = None if value is None else value.get("pid")
-        return f"pid {pid}" if isinstance(pid, int) else "pid unknown"
+        value = value or {}
+        pid, command = value.get("pid"), value.get("command")
+        return (
+            command if isinstance(command, str) and command in _DOING else "convert",
+            f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) else "pid unknown",
+        )
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

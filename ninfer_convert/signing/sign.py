@@ -6,8 +6,13 @@ unreachable Sigstore fails first (``key_signer`` is fully offline; ``sigstore_si
 its trust root over the network).  :func:`sign_directory` signs every regular file of the model
 directory (links and special files, and file names that are not UTF-8, are refused), writes the
 bundle through a temporary file beside it that is fsynced and renamed into place, and replaces an
-existing signature only with ``overwrite`` and only when that file is a signature.  The library
-never prints: its stdout is captured and dropped.
+existing signature only with ``overwrite`` and only when that file is a signature.  It holds the
+directory's output lock (:class:`~ninfer_convert.container.lock.OutputLock`, the one ``ninfer
+convert`` holds while it writes that output) from before the first file is hashed until the
+bundle is in place, so a signature never covers a mix of two conversions, and a convert to the
+directory meanwhile fails as locked; without write access to the directory's parent (where the
+lock file lives) it signs unlocked, since no run of this user could replace the directory then.
+The library never prints: its stdout is captured and dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..container.lock import OutputLock
 from ..container.writer import fsync_dir
 from ..errors import NinferError, ResourceError, SignatureError, UsageError
 from .bundle import Method, SignatureStatus, read_bundle
@@ -104,11 +110,30 @@ def sign_directory(
     *,
     signature: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    lock: bool = True,
 ) -> SignatureStatus:
     """Sign every file of the model directory ``artifact``; write the bundle to ``signature``
-    (default ``artifact/model.sig``) through a temporary file renamed into place."""
+    (default ``artifact/model.sig``) through a temporary file renamed into place.  ``lock=False``
+    is for a caller that already owns the directory (convert signing its staging folder)."""
     ms = library()
     root = model_directory(artifact)
+    if not lock or not os.access(root.parent, os.W_OK):
+        return _sign_unlocked(ms, root, signer, signature, overwrite)
+    held = OutputLock(root, "sign")
+    held.acquire()
+    try:
+        return _sign_unlocked(ms, root, signer, signature, overwrite)
+    finally:
+        held.release()
+
+
+def _sign_unlocked(
+    ms: Any,
+    root: Path,
+    signer: Signer,
+    signature: str | os.PathLike[str] | None,
+    overwrite: bool,
+) -> SignatureStatus:
     sig = signature_path(root, signature)
     if sig.is_dir() or sig.is_symlink():
         raise UsageError("the signature path is a directory or a link", path=str(sig))
