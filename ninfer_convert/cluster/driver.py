@@ -394,8 +394,9 @@ class _ConvertOnRay:
             _gather(ray, refs, lambda i: f"shard task {i + 1}", adopt)
             t3 = time.perf_counter()
         # Killed attempts leave their partial files behind; the staging folder is this run's.
+        # An attempt that is still winding down removes its own file: it may be gone already.
         for left in staging.glob("*.attempt"):
-            left.unlink()
+            left.unlink(missing_ok=True)
         return RunnerResult(
             source_digests=digests,
             spot_checked_rows=spot,
