@@ -28,9 +28,10 @@ shared machine wall time follows the other tenants' load), the ``cp`` time of th
 cost beyond 1.5x ``cp`` (issue 12's target: ``t <= 1.5 x cp + c x N`` with ``c`` under 50
 us) and the per-tensor slope between the smallest and the largest N.
 
-``--sparse-gib G`` adds one run with a sparse BF16 [rows, 4096] tensor of G GiB (zeros; the
-disk holds only the artifact) converted to Q4G64_F16S and verified, to show that memory does
-not follow the tensor size; its output is deleted afterwards.
+``--sparse-gib G`` adds one run per ``--sparse-paths`` path (default BF16 and F32 ->
+Q4G64_F16S) with a sparse [rows, 4096] source tensor of G GiB (zeros; the disk holds only the
+artifact), converted, verified and shown by ``inspect --tensor``, to show that memory does not
+follow the tensor size; its output is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -344,10 +345,15 @@ def part_counts(work: Path, counts: list[int], jobs: int) -> list[dict[str, floa
     return out_rows
 
 
-def part_sparse(work: Path, gib: float, jobs: int) -> list[dict[str, object]]:
+SPARSE_PATHS = "BF16->Q4G64_F16S,F32->Q4G64_F16S"
+
+
+def part_sparse(
+    work: Path, gib: float, jobs: int, names: list[str] | None = None
+) -> list[dict[str, object]]:
     exe = [sys.executable, "-m", "ninfer_convert"]
     results: list[dict[str, object]] = []
-    for name in ("BF16->Q4G64_F16S", "F32->Q4G64_F16S"):
+    for name in names or SPARSE_PATHS.split(","):
         dtype = PATHS[name][0]
         rows = int(gib * 2**30) // (COLS * np.dtype(WORD[dtype]).itemsize) // 64 * 64
         src, out = work / "sparse", work / "out"
@@ -360,12 +366,15 @@ def part_sparse(work: Path, gib: float, jobs: int) -> list[dict[str, object]]:
                               "--device", "cpu", "--jobs", str(jobs), "--json"])  # fmt: skip
         t_ver, m_ver = run([*exe, "verify", str(out), "--source", str(src), "--jobs", str(jobs),
                             "--json"])  # fmt: skip
+        t_ins, m_ins = run([*exe, "inspect", str(out), "--tensor", "w.weight", "--json"])
         print(f"sparse {nbytes / 2**30:.1f} GiB {name}: convert {t_conv:.1f} s, peak RssAnon "
               f"{m_conv / 2**20:.0f} MiB; verify {t_ver:.1f} s, peak RssAnon "
-              f"{m_ver / 2**20:.0f} MiB", flush=True)  # fmt: skip
+              f"{m_ver / 2**20:.0f} MiB; inspect --tensor {t_ins:.1f} s, peak RssAnon "
+              f"{m_ins / 2**20:.0f} MiB", flush=True)  # fmt: skip
         results.append({"path": name, "source_bytes": nbytes, "convert_s": t_conv,
                         "convert_peak_rss_anon": m_conv, "verify_s": t_ver,
-                        "verify_peak_rss_anon": m_ver})  # fmt: skip
+                        "verify_peak_rss_anon": m_ver, "inspect_tensor_s": t_ins,
+                        "inspect_tensor_peak_rss_anon": m_ins})  # fmt: skip
         shutil.rmtree(out)
         shutil.rmtree(src)
     return results
@@ -378,6 +387,7 @@ def main() -> None:
     ap.add_argument("--paths", default="all")
     ap.add_argument("--counts", default="2500,10000,20000")
     ap.add_argument("--sparse-gib", type=float, default=0.0)
+    ap.add_argument("--sparse-paths", default=SPARSE_PATHS)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cache", choices=["warm", "cold"], default="warm")
@@ -403,7 +413,8 @@ def main() -> None:
         results["counts"] = part_counts(args.workdir, [int(c) for c in args.counts.split(",")],
                                         args.jobs)  # fmt: skip
     if args.sparse_gib > 0:
-        results["sparse"] = part_sparse(args.workdir, args.sparse_gib, args.jobs)
+        results["sparse"] = part_sparse(args.workdir, args.sparse_gib, args.jobs,
+                                        args.sparse_paths.split(","))  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
