@@ -393,8 +393,7 @@ class _ConvertOnRay:
 
             _gather(ray, refs, lambda i: f"shard task {i + 1}", adopt)
             t3 = time.perf_counter()
-        # Killed attempts leave their partial files behind; the staging folder is this run's.
-        # An attempt that is still winding down removes its own file: it may be gone already.
+        # Killed attempts' partial files (ours: this run's staging); one may remove its own.
         for left in staging.glob("*.attempt"):
             left.unlink(missing_ok=True)
         return RunnerResult(
