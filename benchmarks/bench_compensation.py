@@ -14,7 +14,8 @@ cosine for encoders):
    * ``q4_0``: gguf-py's reference Q4_0 (byte-identical to llama-quantize's Q4_0 on these
      models, docs/targets/encoder-profiles.md), 4.5 bits per weight;
    * ``comp<B>`` / ``comp<B>iw``: the block-compensated encoder of ``encoder/gptq.py`` (the exact
-     product code of docs/encoder-profiles.md, "Error compensation across columns"), factor =
+     product code of docs/encoder-profiles.md, "Error compensation across columns"; its C
+     kernel where built), factor =
      upper Cholesky factor of the inverse of each damped diagonal B-block of H, rounded to
      binary32; ``iw`` adds diag(H) as the scale search's importance; ``compfull`` is B >= K;
 
@@ -25,6 +26,16 @@ Example::
 
     python benchmarks/bench_compensation.py --model smollm2-135m-st \\
         --variants canonical,iw,q4_0,comp128iw --json smol.json
+
+``--speed`` (no model) instead times the encoder itself, one thread: M weights/s of
+``encode_compensated`` with the numpy encoder and with the C kernel (``_gptqkernel.c``), both
+bit-identical (checked here on the rows both encode), on [576, 1536] and [4096, 4096] Gaussian
+BF16 weights with calibration-like factors (damped AR(1) activations with random column
+scales) at B = 128, 256, 512 and B >= K; numpy on the first ``--numpy-rows`` rows only (rows
+are independent, so its rate per weight is the same), rounds interleaved, best of
+``--repeat``; the thread's CPU time beside the wall time (the machine is shared)::
+
+    python benchmarks/bench_compensation.py --speed --json speed.json
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ import torch
 
 from ninfer_convert.calibrate import default_calibration_texts
 from ninfer_convert.encoder import encode_grouped_words
-from ninfer_convert.encoder.gptq import encode_compensated_numpy
+from ninfer_convert.encoder.gptq import encode_compensated
 from ninfer_convert.evaluate import (
     _causal_metrics,
     _encoder_metrics,
@@ -122,22 +133,81 @@ def quantize(
         k = w.shape[1]
         block = -(-k // 128) * 128 if m.group(1) == "full" else int(m.group(1))
         imp = np.diagonal(h).astype(np.float32) if m.group(2) else None
-        gc = encode_compensated_numpy(
+        gc = encode_compensated(
             words, "F32", FORMATS[FORMAT], factor(h, block, damp), weights=imp
         )
     return dequant(gc.codes, gc.scales)
+
+
+def speed_factor(k: int, block: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """A calibration-like factor: H = D T D with T the AR(1) correlation 0.9^|i-j| and D
+    random column scales, through :func:`factor` (damped, per diagonal block)."""
+    idx = np.arange(k)
+    t = 0.9 ** np.abs(idx[:, None] - idx[None, :]).astype(np.float64)
+    d = rng.uniform(0.2, 3.0, k)
+    return factor(t * d[:, None] * d[None, :], block, 0.01)
+
+
+def speed(shapes: list[tuple[int, int]], numpy_rows: int, repeat: int) -> dict[str, Any]:
+    """M weights/s of both encoders per shape and block width (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    fmt = FORMATS[FORMAT]
+    out: dict[str, Any] = {"uptime_before": os.getloadavg(), "rows": []}
+    for n, k in shapes:
+        x = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        words = (x.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+        m = min(n, numpy_rows)
+        for block in (128, 256, 512, -(-k // 128) * 128):
+            f = speed_factor(k, block, rng)
+            best = {"numpy": (np.inf, np.inf), "native": (np.inf, np.inf)}
+            got = {}
+            for _ in range(repeat):
+                for kernel, rows in (("numpy", m), ("native", n)):
+                    w0, c0 = time.perf_counter(), time.thread_time()
+                    got[kernel] = encode_compensated(words[:rows], "BF16", fmt, f, kernel=kernel)
+                    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+                    best[kernel] = (min(best[kernel][0], wall), min(best[kernel][1], cpu))
+            same = (
+                got["numpy"].codes.tobytes() == got["native"].codes[:m].tobytes()
+                and got["numpy"].scales.tobytes() == got["native"].scales[:m].tobytes()
+            )
+            if not same:
+                raise SystemExit(f"[{n}, {k}] B = {block}: the encoders differ")
+            row: dict[str, Any] = {"shape": [n, k], "block": block, "numpy_rows": m}
+            for kernel, rows in (("numpy", m), ("native", n)):
+                wall, cpu = best[kernel]
+                row[kernel] = {"wall_mw_s": rows * k / wall / 1e6, "cpu_mw_s": rows * k / cpu / 1e6}
+            row["speedup_cpu"] = row["native"]["cpu_mw_s"] / row["numpy"]["cpu_mw_s"]
+            out["rows"].append(row)
+            print(f"[{n}, {k}] B = {block:5d}: numpy {row['numpy']['cpu_mw_s']:7.2f} "
+                  f"(wall {row['numpy']['wall_mw_s']:7.2f}), C {row['native']['cpu_mw_s']:7.2f} "
+                  f"(wall {row['native']['wall_mw_s']:7.2f}) M weights/s (CPU time); "
+                  f"{row['speedup_cpu']:.1f}x", flush=True)  # fmt: skip
+    out["uptime_after"] = os.getloadavg()
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", required=True, help="model directory (config.json, weights)")
+    ap.add_argument("--model", help="model directory (config.json, weights)")
+    ap.add_argument("--speed", action="store_true", help="time the encoders (no model)")
+    ap.add_argument("--numpy-rows", type=int, default=256, help="--speed: rows numpy encodes")
+    ap.add_argument("--repeat", type=int, default=2, help="--speed: rounds (best is kept)")
     ap.add_argument("--variants", default="canonical,mse,iw,q4_0,comp128,comp128iw")
     ap.add_argument("--damp", type=float, default=0.01, help="lambda: H + lambda*mean(diag H)*I")
     ap.add_argument("--calib-tokens", type=int, default=256)
     ap.add_argument("--json", type=Path, required=True, help="results (merged into if present)")
     a = ap.parse_args()
+    if a.speed:
+        torch.set_num_threads(1)
+        result = speed([(576, 1536), (4096, 4096)], a.numpy_rows, a.repeat)
+        print(f"load average before {result['uptime_before']}, after {result['uptime_after']}")
+        a.json.write_text(json.dumps(result, indent=1))
+        return
+    if a.model is None:
+        raise SystemExit("--model is required (or --speed)")
     torch.set_num_threads(2)
     src = a.model
     transformers, model, _cls, kind = load_source_model(src, "cpu", "float32", lambda m: None)

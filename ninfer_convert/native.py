@@ -1,6 +1,6 @@
-"""The optional C modules (``_hostkernel``, ``_msekernel``, ``_rowsplit``): the module when
-the build compiled it, else ``None`` and the caller uses its numpy path, which produces the
-same bytes.
+"""The optional C modules (``_hostkernel``, ``_msekernel``, ``_gptqkernel``, ``_rowsplit``): the
+module when the build compiled it, else ``None`` and the caller uses its numpy path, which
+produces the same bytes.
 
 Contract: :func:`optional_module` imports ``ninfer_convert.<name>``; a module that was not built
 gives ``None``, unless ``NINFER_REQUIRE_NATIVE=1`` is set (CI sets it), where it is an

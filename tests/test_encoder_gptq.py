@@ -1,7 +1,9 @@
 """Block-compensated encoding (docs/encoder-profiles.md, "Error compensation across columns"):
-the numpy encoder is bit-identical to the plain-Python reference, an identity factor gives
+the numpy encoder and the C kernel (``_gptqkernel.c``, when built) are each bit-identical to the
+plain-Python reference, every compensated value included, an identity factor gives
 MSE_F16_SEARCH_V1's words exactly, the factor and refusal rules, and that compensation lowers
-the activation-weighted error it is for."""
+the activation-weighted error it is for.  tests/test_encoder_gptq_native.py has the kernel's
+own tests (its arguments, its build, larger matrices)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from hypothesis import strategies as st
 
 from ninfer_convert import encode_grouped_words
 from ninfer_convert.encoder.corpus import mse_boundary_corpus
-from ninfer_convert.encoder.gptq import check_factor, encode_compensated_numpy
+from ninfer_convert.encoder.gptq import (
+    check_factor,
+    encode_compensated,
+    encode_compensated_numpy,
+    native_available,
+)
 from ninfer_convert.encoder.gptq_reference import (
     BLOCK_UNIT,
     CompensationFailure,
@@ -28,6 +35,9 @@ GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
 
 BLOCK = BLOCK_UNIT
+
+KERNELS = ["numpy", "native"] if native_available() else ["numpy"]
+"""Every encoder this build has: each is held to the reference on its own."""
 
 
 def identity_factor(k: int, block: int = BLOCK) -> np.ndarray:
@@ -81,22 +91,24 @@ def assert_same(
     fmt = FORMATS[fmt_name]
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     n, k = words.shape
-    got_trace = np.zeros((n, k))
-    got = encode_compensated_numpy(
-        words, source, fmt, factor, row_chunk=3, trace=got_trace, weights=weights
-    )
     x32 = words if source == "F32" else _to_f32_words(words, source)
     want_trace = np.zeros((n, k))
     codes, scales = encode_compensated_reference(
         x32, factor.view(np.uint32), fmt.group_size, fmt.qmin, fmt.qmax, trace=want_trace,
         weights=None if weights is None else weights.view(np.uint32),
     )  # fmt: skip
-    # every compensated value, bit for bit: a one-ulp slip almost never shows in the codes
-    assert got_trace.view(np.uint64).tobytes() == want_trace.view(np.uint64).tobytes(), (
-        f"{fmt_name}: compensated values differ"
-    )
-    assert got.scales.tobytes() == scales.tobytes(), f"{fmt_name}: scale words differ"
-    assert got.codes.tobytes() == codes.tobytes(), f"{fmt_name}: codes differ"
+    for kernel in KERNELS:
+        got_trace = np.zeros((n, k))
+        got = encode_compensated(
+            words, source, fmt, factor, row_chunk=3, trace=got_trace, weights=weights,
+            kernel=kernel,
+        )  # fmt: skip
+        # every compensated value, bit for bit: a one-ulp slip almost never shows in the codes
+        assert got_trace.view(np.uint64).tobytes() == want_trace.view(np.uint64).tobytes(), (
+            f"{fmt_name} {kernel}: compensated values differ"
+        )
+        assert got.scales.tobytes() == scales.tobytes(), f"{fmt_name} {kernel}: scale words differ"
+        assert got.codes.tobytes() == codes.tobytes(), f"{fmt_name} {kernel}: codes differ"
 
 
 def _to_f32_words(words: np.ndarray, source: str) -> np.ndarray:
@@ -137,15 +149,19 @@ def test_round_f32_word_matches_ieee_on_binary64_words(bits: int, neg: bool) -> 
 # --- parity ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("fmt_name", GROUPED)
-def test_identity_factor_gives_mse_search_words_on_its_boundary_corpus(fmt_name: str) -> None:
+def test_identity_factor_gives_mse_search_words_on_its_boundary_corpus(
+    fmt_name: str, kernel: str
+) -> None:
     fmt = FORMATS[fmt_name]
     for what, words in mse_boundary_corpus(fmt):
         if not np.isfinite(words.view(np.float32)).all():
             continue  # refused by both; the refusal tests below cover it
         want = encode_grouped_words(words, "F32", fmt_name, profile=MSE_F16_SEARCH_V1)
         try:
-            got = encode_compensated_numpy(words, "F32", fmt, identity_factor(words.shape[1]))
+            f = identity_factor(words.shape[1])
+            got = encode_compensated(words, "F32", fmt, f, kernel=kernel)
         except EncodeError:
             with pytest.raises(EncodeError):
                 encode_grouped_words(words, "F32", fmt_name, profile=MSE_F16_SEARCH_V1)
@@ -160,7 +176,7 @@ def test_identity_factor_gives_mse_search_words_on_its_boundary_corpus(fmt_name:
     [(1, 128), (31, 128), (64, 128), (65, 128), (128, 128), (129, 128), (200, 128), (256, 128),
      (300, 256), (300, 384), (130, 512)],  # B >= K: one block, full compensation
 )  # fmt: skip
-def test_numpy_matches_reference_with_calibration_like_factors(
+def test_encoders_match_reference_with_calibration_like_factors(
     fmt_name: str, k: int, block: int
 ) -> None:
     rng = np.random.default_rng(k)
@@ -171,7 +187,7 @@ def test_numpy_matches_reference_with_calibration_like_factors(
 
 
 @pytest.mark.parametrize("fmt_name", GROUPED)
-def test_numpy_matches_reference_on_exact_ties(fmt_name: str) -> None:
+def test_encoders_match_reference_on_exact_ties(fmt_name: str) -> None:
     rng = np.random.default_rng(7)
     fmt = FORMATS[fmt_name]
     assert fmt.qmax is not None
@@ -185,6 +201,18 @@ def test_numpy_matches_reference_on_exact_ties(fmt_name: str) -> None:
     assert (ref.codes == fmt.qmin).any() or fmt_name == "W8G32_F16S"
 
 
+def test_signed_zeros_of_the_compensated_values_are_the_references() -> None:
+    """A code of 0 is the integer 0, so s * q is +0 and d = RN64(w - s * q) keeps the sign of
+    a w = -0 (numpy's rint(-0 / s) is -0, which flipped it): later -0 values then change sign
+    exactly as in the reference.  Codes never show it, the trace does."""
+    k = 64
+    f = identity_factor(k)
+    f[1, 2] = 0.25  # column 1's error (a signed zero) updates column 2 (-0)
+    x = np.full((2, k), -0.0, dtype=np.float32)
+    x[0, 0] = 0.75  # a nonzero scale: column 1's code is chosen from -0 / s
+    assert_same(x.view(np.uint32), "F32", "Q4G64_F16S", f)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.sampled_from(GROUPED),
@@ -193,7 +221,7 @@ def test_numpy_matches_reference_on_exact_ties(fmt_name: str) -> None:
     st.integers(1, 260),
     st.integers(0, 2**32 - 1),
 )
-def test_numpy_matches_reference_on_generated_matrices(
+def test_encoders_match_reference_on_generated_matrices(
     fmt_name: str, source: str, n: int, k: int, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
@@ -219,14 +247,16 @@ def test_weighted_scale_search_matches_reference_and_iw_profile(fmt_name: str) -
     weights = rng.uniform(0, 4, k).astype(np.float32)
     assert_same(words.view(np.uint32), "F32", fmt_name, random_factor(rng, k), weights)
     # with no compensation the weighted search is MSE_F16_SEARCH_IW_V1 itself
-    got = encode_compensated_numpy(
-        words.view(np.uint32), "F32", FORMATS[fmt_name], identity_factor(k), weights=weights
-    )
     want = encode_grouped_words(
         words.view(np.uint32), "F32", fmt_name, profile=MSE_F16_SEARCH_IW_V1, importance=weights
     )
-    assert got.scales.tobytes() == want.scales.tobytes()
-    assert got.codes.tobytes() == want.codes.tobytes()
+    for kernel in KERNELS:
+        got = encode_compensated(
+            words.view(np.uint32), "F32", FORMATS[fmt_name], identity_factor(k), weights=weights,
+            kernel=kernel,
+        )  # fmt: skip
+        assert got.scales.tobytes() == want.scales.tobytes(), kernel
+        assert got.codes.tobytes() == want.codes.tobytes(), kernel
 
 
 # --- factor rules and refusals ----------------------------------------------------------------
@@ -270,9 +300,10 @@ def test_nonfinite_source_is_refused_where_the_reference_refuses() -> None:
     with pytest.raises(CompensationFailure) as ref:
         encode_compensated_reference(x.view(np.uint32), f.view(np.uint32), 64, -8, 7)
     assert (ref.value.row, ref.value.column) == (2, 64)
-    with pytest.raises(EncodeError) as exc:
-        encode_compensated_numpy(x.view(np.uint32), "F32", fmt, f, tensor="m.w")
-    assert "m.w: row 2, column 64: the scale search refuses the group" in exc.value.message
+    for kernel in KERNELS:
+        with pytest.raises(EncodeError) as exc:
+            encode_compensated(x.view(np.uint32), "F32", fmt, f, tensor="m.w", kernel=kernel)
+        assert "m.w: row 2, column 64: the scale search refuses the group" in exc.value.message
 
 
 def test_compensation_that_overflows_is_refused_at_the_column() -> None:
@@ -291,8 +322,9 @@ def test_compensation_that_overflows_is_refused_at_the_column() -> None:
     assert ref.value.row == 1 and 1 < ref.value.column < k
     assert ref.value.reason == "the compensated value is not finite"
     want = f"row 1, column {ref.value.column}: the compensated value is not finite"
-    with pytest.raises(EncodeError, match=want):
-        encode_compensated_numpy(x.view(np.uint32), "F32", fmt, f)
+    for kernel in KERNELS:
+        with pytest.raises(EncodeError, match=want):
+            encode_compensated(x.view(np.uint32), "F32", fmt, f, kernel=kernel)
 
 
 # --- what it is for ---------------------------------------------------------------------------

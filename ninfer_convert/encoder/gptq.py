@@ -20,6 +20,8 @@ Memory follows the row chunk: one binary64 copy of :data:`ROW_CHUNK` rows, never
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -28,17 +30,43 @@ from ..formats import MSE_F16_SEARCH_IW_V1, MSE_F16_SEARCH_V1, NumericFormat
 from ..ieee import BINARY16, BINARY32
 from ..layouts.base import ceil_div
 from ..logical import GroupedCodes
+from ..native import optional_module
 from .common import to_f32
 from .gptq_reference import BLOCK_UNIT
 from .mse_search import check_weights
 
-__all__ = ["ROW_CHUNK", "check_factor", "encode_compensated_numpy"]
+__all__ = [
+    "KERNELS",
+    "NATIVE_CHUNK_VALUES",
+    "ROW_CHUNK",
+    "check_factor",
+    "encode_compensated",
+    "encode_compensated_numpy",
+    "native_available",
+]
+
+_native: Any = optional_module("_gptqkernel")  # None when the build skipped it
+
+KERNELS = ("native", "numpy")
 
 ROW_CHUNK = 256
-"""Rows per pass: with B = 128 a [256, B] binary64 slab (256 KiB) stays in the L2 cache."""
+"""Rows per pass of the numpy encoder: with B = 128 a [256, B] binary64 slab (256 KiB) stays
+in the L2 cache."""
 
-_NONFINITE = "the compensated value is not finite"
-_SEARCH = "the scale search refuses the group"
+NATIVE_CHUNK_VALUES = 1 << 20
+"""Values per pass of the C kernel (8 MiB of binary64): it walks one row at a time, so the
+chunk only bounds memory and amortises the per-group Python calls."""
+
+_SEARCH, _NONFINITE = 1, 2
+_REASONS = {
+    _SEARCH: "the scale search refuses the group",
+    _NONFINITE: "the compensated value is not finite",
+}
+
+
+def native_available() -> bool:
+    """Whether the C kernel (``_gptqkernel.c``) was built."""
+    return _native is not None
 
 
 def check_factor(
@@ -95,21 +123,40 @@ def _refusal(tensor: str | None, row: int, column: int, reason: str) -> EncodeEr
     )
 
 
+def _search(
+    v: npt.NDArray[np.uint32],
+    fmt: NumericFormat,
+    g0: int,
+    weights: npt.NDArray[np.uint32] | None,
+) -> npt.NDArray[np.uint16]:
+    """The scale words [n] that the search profile chooses for the binary32 groups ``v``
+    [n, width] (columns g0 .. g0 + width - 1; every value finite, no canonical scale
+    overflowing): one search for both kernels, the profile's own host encoder."""
+    from .host import encode_rows  # the scale search: MSE_F16_SEARCH_V1's host encoder
+
+    n, width = v.shape
+    s_words = np.empty((n, 1), dtype=np.uint16)
+    c_scratch = np.empty((n, width), dtype=np.int8)
+    encode_rows(
+        v, "F32", fmt, 0, c_scratch, s_words, None,
+        profile=MSE_F16_SEARCH_V1 if weights is None else MSE_F16_SEARCH_IW_V1,
+        importance=None if weights is None else np.ascontiguousarray(weights[g0 : g0 + width]),
+    )  # fmt: skip
+    return s_words.reshape(n)
+
+
 def _group_scale(
     values: npt.NDArray[np.float64],
     fmt: NumericFormat,
     g0: int,
     failed: npt.NDArray[np.int64],
-    reason: list[str],
+    reason: npt.NDArray[np.int8],
     weights: npt.NDArray[np.uint32] | None,
 ) -> npt.NDArray[np.uint16]:
     """The scale word [n] of the group starting at column ``g0`` from its current values
     [n, g1 - g0]: the search profile's choice on their binary32 roundings.  Rows whose group
     the search refuses are marked in ``failed``/``reason`` (their word is meaningless)."""
-    from .host import encode_rows  # the scale search: MSE_F16_SEARCH_V1's host encoder
-
     assert fmt.qmax is not None
-    n, width = values.shape
     with np.errstate(over="ignore", invalid="ignore"):
         v = values.astype(np.float32)  # RN32, overflow to infinity
     bits = v.view(np.uint32) & np.uint32(BINARY32.magnitude_mask)
@@ -120,19 +167,10 @@ def _group_scale(
         canonical.view(np.uint16) >= np.uint16(BINARY16.exp_mask)
     )
     new = refuse & (failed < 0)
-    if new.any():
-        failed[new] = g0
-        for r in np.flatnonzero(new):
-            reason[r] = _SEARCH
+    failed[new] = g0
+    reason[new] = _SEARCH
     v[failed >= 0] = 0.0  # refused rows: any finite stand-in, the result is discarded
-    s_words = np.empty((n, 1), dtype=np.uint16)
-    c_scratch = np.empty((n, width), dtype=np.int8)
-    encode_rows(
-        np.ascontiguousarray(v).view(np.uint32), "F32", fmt, 0, c_scratch, s_words, None,
-        profile=MSE_F16_SEARCH_V1 if weights is None else MSE_F16_SEARCH_IW_V1,
-        importance=None if weights is None else np.ascontiguousarray(weights[g0 : g0 + width]),
-    )  # fmt: skip
-    return s_words[:, 0]
+    return _search(np.ascontiguousarray(v).view(np.uint32), fmt, g0, weights)
 
 
 def _encode_chunk(
@@ -142,13 +180,14 @@ def _encode_chunk(
     codes: npt.NDArray[np.int8],
     scales: npt.NDArray[np.uint16],
     failed: npt.NDArray[np.int64],
-    reason: list[str],
+    reason: npt.NDArray[np.int8],
     trace: npt.NDArray[np.float64] | None,
     weights: npt.NDArray[np.uint32] | None,
 ) -> None:
-    """Encode the rows ``x`` [n, K] in place of ``codes``/``scales``; rows the document
-    refuses get their first failing column in ``failed`` (-1: none) and why in ``reason``.
-    ``trace`` [n, K], when given, receives each value at the moment its code is chosen."""
+    """Encode the rows ``x`` [n, K] in place of ``codes``/``scales`` with numpy; rows the
+    document refuses get their first failing column in ``failed`` (-1: none) and why in
+    ``reason`` (:data:`_REASONS`).  ``trace`` [n, K], when given, receives each value at the
+    moment its code is chosen."""
     assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
     g = fmt.group_size
     n, k = x.shape
@@ -171,15 +210,16 @@ def _encode_chunk(
                 if trace is not None:
                     trace[:, i] = col
                 bad = ~np.isfinite(col) & (failed < 0)
-                if bad.any():
-                    failed[bad] = i
-                    for r in np.flatnonzero(bad):
-                        reason[r] = _NONFINITE
+                failed[bad] = i
+                reason[bad] = _NONFINITE
                 q.fill(0.0)
                 with np.errstate(invalid="ignore", over="ignore"):
                     np.divide(col, s, out=q, where=live)
                     np.rint(q, out=q)
                     np.clip(q, fmt.qmin, fmt.qmax, out=q)
+                    # the code is an integer: +0, never rint's -0 (then s * q is the
+                    # document's exact +0 and d keeps the sign of w)
+                    np.add(q, 0.0, out=q)
                 if (failed >= 0).any():  # NaN only in refused rows, whose codes are dropped
                     q[failed >= 0] = 0.0
                 codes[:, i] = q
@@ -194,6 +234,92 @@ def _encode_chunk(
                         np.subtract(w[:, i + 1 : b1], t, out=w[:, i + 1 : b1])
 
 
+def _encode_chunk_native(
+    x: npt.NDArray[np.float64],
+    fwords: npt.NDArray[np.uint32],
+    fmt: NumericFormat,
+    codes: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.uint16],
+    failed: npt.NDArray[np.int64],
+    reason: npt.NDArray[np.int8],
+    trace: npt.NDArray[np.float64] | None,
+    weights: npt.NDArray[np.uint32] | None,
+) -> None:
+    """:func:`_encode_chunk` with the C kernel (``_gptqkernel.c``): per group, the binary32
+    values and the search's refusals, the search (:func:`_search`), then the group's columns;
+    the same results, failures and trace."""
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    n, k = x.shape
+    block = fwords.shape[1]
+    v = np.empty((n, g), dtype=np.uint32)
+    for g0 in range(0, k, g):  # blocks are multiples of g: these are each block's groups
+        width = min(k, g0 + g) - g0
+        vg = v if width == g else np.empty((n, width), dtype=np.uint32)
+        _native.group_values(x, n, k, g0, g, fmt.qmax, failed, reason, vg)
+        s_words = _search(vg, fmt, g0, weights)
+        scales[:, g0 // g] = s_words
+        _native.group_columns(
+            x, n, k, fwords, block, g0, g, fmt.qmin, fmt.qmax, s_words, codes, failed, reason,
+            trace,
+        )  # fmt: skip
+
+
+def encode_compensated(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    factor: npt.NDArray[np.generic],
+    *,
+    tensor: str | None = None,
+    row_chunk: int | None = None,
+    trace: npt.NDArray[np.float64] | None = None,
+    weights: npt.NDArray[np.generic] | None = None,
+    kernel: str = "native",
+) -> GroupedCodes:
+    """Encode an [N, K] matrix of source words with its [K, B] factor (checked here);
+    ``weights`` ([K] binary32 importance words, checked here) weight the scale search.
+    ``trace`` ([N, K] C-contiguous float64, for tests) receives the compensated value each code
+    was chosen from, so that parity can be checked on every intermediate, not only on codes.
+    ``kernel`` "native" runs the C kernel (``_gptqkernel.c``) when it was built, "numpy" (or
+    a build without it) the numpy encoder: the same bytes, trace and refusals.  ``row_chunk``
+    rows are encoded at a time (default: :data:`ROW_CHUNK` for numpy, about
+    :data:`NATIVE_CHUNK_VALUES` values for the C kernel)."""
+    assert fmt.group_size is not None
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown compensation kernel {kernel!r} (known: {', '.join(KERNELS)})")
+    native = kernel == "native" and _native is not None
+    n, k = words.shape
+    fwords = check_factor(factor, k, tensor)
+    f64 = None if native else fwords.view(np.float32).astype(np.float64)
+    wts = None if weights is None else check_weights(weights, k, tensor)
+    if trace is not None and (
+        trace.dtype != np.float64 or trace.shape != (n, k) or not trace.flags.c_contiguous
+    ):
+        raise ValueError(f"trace must be a C-contiguous float64 array of shape {[n, k]}")
+    if row_chunk is None:
+        row_chunk = max(1, NATIVE_CHUNK_VALUES // k) if native else ROW_CHUNK
+    codes = np.empty((n, k), dtype=np.int8)
+    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
+    for r0 in range(0, n, row_chunk):
+        r1 = min(n, r0 + row_chunk)
+        x = to_f32(np.ascontiguousarray(words[r0:r1]), source_dtype).astype(np.float64)
+        failed = np.full(r1 - r0, -1, dtype=np.int64)
+        reason = np.zeros(r1 - r0, dtype=np.int8)
+        part = None if trace is None else trace[r0:r1]
+        if native:
+            _encode_chunk_native(
+                x, fwords, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts
+            )
+        else:
+            assert f64 is not None
+            _encode_chunk(x, f64, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts)
+        if (failed >= 0).any():
+            r = int(np.flatnonzero(failed >= 0)[0])
+            raise _refusal(tensor, r0 + r, int(failed[r]), _REASONS[int(reason[r])])
+    return GroupedCodes(codes, scales)
+
+
 def encode_compensated_numpy(
     words: npt.NDArray[np.generic],
     source_dtype: str,
@@ -205,24 +331,9 @@ def encode_compensated_numpy(
     trace: npt.NDArray[np.float64] | None = None,
     weights: npt.NDArray[np.generic] | None = None,
 ) -> GroupedCodes:
-    """Encode an [N, K] matrix of source words with its [K, B] factor (checked here);
-    ``weights`` ([K] binary32 importance words, checked here) weight the scale search.
-    ``trace`` ([N, K] binary64, for tests) receives the compensated value each code was
-    chosen from, so that parity can be checked on every intermediate, not only on codes."""
-    assert fmt.group_size is not None
-    n, k = words.shape
-    f64 = check_factor(factor, k, tensor).view(np.float32).astype(np.float64)
-    wts = None if weights is None else check_weights(weights, k, tensor)
-    codes = np.empty((n, k), dtype=np.int8)
-    scales = np.empty((n, ceil_div(k, fmt.group_size)), dtype=np.uint16)
-    for r0 in range(0, n, row_chunk):
-        r1 = min(n, r0 + row_chunk)
-        x = to_f32(np.ascontiguousarray(words[r0:r1]), source_dtype).astype(np.float64)
-        failed = np.full(r1 - r0, -1, dtype=np.int64)
-        reason = [""] * (r1 - r0)
-        part = None if trace is None else trace[r0:r1]
-        _encode_chunk(x, f64, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts)
-        if (failed >= 0).any():
-            r = int(np.flatnonzero(failed >= 0)[0])
-            raise _refusal(tensor, r0 + r, int(failed[r]), reason[r])
-    return GroupedCodes(codes, scales)
+    """:func:`encode_compensated` with the numpy encoder only (the baseline of tests and
+    benchmarks)."""
+    return encode_compensated(
+        words, source_dtype, fmt, factor, tensor=tensor, row_chunk=row_chunk, trace=trace,
+        weights=weights, kernel="numpy",
+    )  # fmt: skip
