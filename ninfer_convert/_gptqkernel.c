@@ -134,83 +134,35 @@ CLONES static void values_block(const double *w, Py_ssize_t n, Py_ssize_t k, Py_
  * updates keep TILE independent chains of subtractions in flight. */
 #define TILE 4
 #define VW 8 /* binary64 lanes of the deferred update's vectors */
+#define SUB 8 /* columns per sub-block inside a group (step 1 below) */
 
 typedef double vd8 __attribute__((vector_size(VW * sizeof(double))));
 typedef float vf8 __attribute__((vector_size(VW * sizeof(float))));
 
-/* Columns [g0, g1) of the rows rows[0..t) (t <= TILE, all alive on entry) of the block that
- * ends at b1; e is TILE * (g1 - g0) doubles of scratch.  For each row the document's loop:
- *
- * 1. for i in g0 .. g1-1: the code and e(i) from w[i], then the updates of the group's own
- *    later columns w[i+1 .. g1-1] (they are needed for the next codes);
- * 2. for every later column j in [g1, b1): w[j] = RN64(w[j] - RN64(e(i) * u(i, j))) for
- *    i = g0 .. g1-1 in that order, with w[j] held in a register across the group's columns.
- *
- * No value is read between its updates from column i and from column i + 1 except the group's
- * own columns (step 1), so deferring step 2 to the end of the group changes no operation and
- * no operand: each w[j] sees exactly the document's sequence of roundings, in its order.  A
- * row that fails keeps e = +0 from its failing column on (its values are discarded). */
-static inline void columns_tile(double *w, Py_ssize_t k, const uint32_t *f, Py_ssize_t block,
-                                Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t g0, Py_ssize_t g1,
-                                double lo, double hi, const Py_ssize_t *rows, int t,
-                                const double *s, int8_t *codes, int64_t *failed,
-                                int8_t *reason, double *trace, double *e) {
-    const Py_ssize_t width = g1 - g0;
-    double *wr[TILE];
-    int alive[TILE];
-    for (int a = 0; a < TILE; a++) {
-        wr[a] = w + rows[a < t ? a : 0] * k; /* lanes past t are never read */
-        alive[a] = a < t;
-    }
-    for (Py_ssize_t i = g0; i < g1; i++) {
-        const float *fi = (const float *)(f + i * block);
-        const double uii = (double)fi[i - b0];
-        double ei[TILE] = {0.0, 0.0, 0.0, 0.0};
-        for (int a = 0; a < t; a++) {
-            e[a * width + (i - g0)] = 0.0;
-            if (!alive[a]) continue;
-            const Py_ssize_t r = rows[a];
-            const double x = wr[a][i];
-            if (trace != NULL) trace[r * k + i] = x;
-            if (!isfinite(x)) {
-                failed[r] = i;
-                reason[r] = REASON_NONFINITE;
-                alive[a] = 0;
-                continue;
-            }
-            const double q = s[a] > 0.0 ? nearest_code(x, s[a], lo, hi) : 0.0;
-            codes[r * k + i] = (int8_t)q;
-            const double d = x - s[a] * q; /* s * q exact */
-            ei[a] = d / uii;
-            e[a * width + (i - g0)] = ei[a];
-        }
-        const float *u = fi + (i + 1 - b0);
-        const Py_ssize_t len = g1 - (i + 1);
-        for (int a = 0; a < t; a++) {
-            double *restrict wa = wr[a] + i + 1;
-            const double ea = ei[a];
-            for (Py_ssize_t j = 0; j < len; j++) wa[j] = wa[j] - ea * (double)u[j];
-        }
-    }
-    /* Step 2, VW columns at a time for all TILE rows, then the last columns one at a time. */
-    const float *fg = (const float *)(f + g0 * block) - b0; /* fg[(i - g0) * block + j] */
-    Py_ssize_t j = g1;
+/* The deferred updates of columns [j0, j1) by the columns [c0, c1) of the rows wr[0..t):
+ * for each j, w[j] = RN64(w[j] - RN64(e(i) * u(i, j))) for i = c0 .. c1-1 in that order, w[j]
+ * held in a register meanwhile.  e(i) of row a is e[a * stride + i - e0]; u(i, j) is
+ * fb[i * block + j] (fb: the factor shifted by the block start). */
+static inline void deferred(double *const *wr, int t, const double *e, Py_ssize_t stride,
+                            Py_ssize_t e0, const float *fb, Py_ssize_t block, Py_ssize_t c0,
+                            Py_ssize_t c1, Py_ssize_t j0, Py_ssize_t j1) {
+    Py_ssize_t j = j0;
     if (t == TILE) {
-        const double *e0 = e, *e1 = e + width, *e2 = e + 2 * width, *e3 = e + 3 * width;
-        for (; j + VW <= b1; j += VW) {
+        const double *x0 = e - e0, *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+        for (; j + VW <= j1; j += VW) {
             vd8 a0, a1, a2, a3;
             memcpy(&a0, wr[0] + j, sizeof a0);
             memcpy(&a1, wr[1] + j, sizeof a1);
             memcpy(&a2, wr[2] + j, sizeof a2);
             memcpy(&a3, wr[3] + j, sizeof a3);
-            for (Py_ssize_t c = 0; c < width; c++) {
+            for (Py_ssize_t c = c0; c < c1; c++) {
                 vf8 uf;
-                memcpy(&uf, fg + c * block + j, sizeof uf);
-                const vd8 uv = __builtin_convertvector(uf, vd8);
-                a0 = a0 - e0[c] * uv;
-                a1 = a1 - e1[c] * uv;
-                a2 = a2 - e2[c] * uv;
-                a3 = a3 - e3[c] * uv;
+                memcpy(&uf, fb + c * block + j, sizeof uf);
+                const vd8 uv = __builtin_convertvector(uf, vd8); /* exact widening */
+                a0 = a0 - x0[c] * uv;
+                a1 = a1 - x1[c] * uv;
+                a2 = a2 - x2[c] * uv;
+                a3 = a3 - x3[c] * uv;
             }
             memcpy(wr[0] + j, &a0, sizeof a0);
             memcpy(wr[1] + j, &a1, sizeof a1);
@@ -219,25 +171,84 @@ static inline void columns_tile(double *w, Py_ssize_t k, const uint32_t *f, Py_s
         }
     }
     for (int a = 0; a < t; a++) {
-        const double *ea = e + a * width;
-        for (Py_ssize_t jj = j; jj + VW <= b1; jj += VW) { /* t < TILE: one row at a time */
+        const double *xa = e + a * stride - e0;
+        Py_ssize_t jj = j;
+        for (; jj + VW <= j1; jj += VW) { /* t < TILE: one row at a time */
             vd8 acc;
             memcpy(&acc, wr[a] + jj, sizeof acc);
-            for (Py_ssize_t c = 0; c < width; c++) {
+            for (Py_ssize_t c = c0; c < c1; c++) {
                 vf8 uf;
-                memcpy(&uf, fg + c * block + jj, sizeof uf);
-                acc = acc - ea[c] * __builtin_convertvector(uf, vd8);
+                memcpy(&uf, fb + c * block + jj, sizeof uf);
+                acc = acc - xa[c] * __builtin_convertvector(uf, vd8);
             }
             memcpy(wr[a] + jj, &acc, sizeof acc);
         }
-        const Py_ssize_t tail = j + (b1 - j) / VW * VW;
-        for (Py_ssize_t jj = tail; jj < b1; jj++) {
+        for (; jj < j1; jj++) {
             double acc = wr[a][jj];
-            for (Py_ssize_t c = 0; c < width; c++)
-                acc = acc - ea[c] * (double)fg[c * block + jj];
+            for (Py_ssize_t c = c0; c < c1; c++) acc = acc - xa[c] * (double)fb[c * block + jj];
             wr[a][jj] = acc;
         }
     }
+}
+
+/* Columns [g0, g1) of the rows rows[0..t) (t <= TILE, all alive on entry) of the block that
+ * ends at b1; e is TILE * (g1 - g0) doubles of scratch.  For each row the document's loop, in
+ * sub-blocks of SUB columns:
+ *
+ * 1. for i in the sub-block: the code and e(i) from w[i], then the updates of the sub-block's
+ *    own later columns (they are needed for the next codes); then the deferred updates of the
+ *    group's columns after the sub-block by the sub-block's columns;
+ * 2. at the end of the group, the deferred updates of the block's columns after the group by
+ *    all the group's columns.
+ *
+ * A value is never read between its updates from column i and from column i + 1 (only a
+ * column's own code reads it, after all updates from the columns before it), so deferring
+ * updates this way changes no operation and no operand: each w[j] sees exactly the document's
+ * sequence of roundings, in its order.  A row that fails keeps e = +0 from its failing column
+ * on (its values are discarded). */
+static inline void columns_tile(double *w, Py_ssize_t k, const uint32_t *f, Py_ssize_t block,
+                                Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t g0, Py_ssize_t g1,
+                                double lo, double hi, const Py_ssize_t *rows, int t,
+                                const double *s, int8_t *codes, int64_t *failed,
+                                int8_t *reason, double *trace, double *e) {
+    const Py_ssize_t width = g1 - g0;
+    const float *fb = (const float *)f - b0; /* u(i, j) = fb[i * block + j] */
+    double *wr[TILE];
+    int alive[TILE];
+    for (int a = 0; a < TILE; a++) {
+        wr[a] = w + rows[a < t ? a : 0] * k; /* lanes past t are never read */
+        alive[a] = a < t;
+    }
+    for (Py_ssize_t c0 = g0; c0 < g1; c0 += SUB) {
+        const Py_ssize_t c1 = c0 + SUB < g1 ? c0 + SUB : g1;
+        for (Py_ssize_t i = c0; i < c1; i++) {
+            const float *fi = fb + i * block;
+            const double uii = (double)fi[i];
+            for (int a = 0; a < t; a++) {
+                double ei = 0.0;
+                if (alive[a]) {
+                    const Py_ssize_t r = rows[a];
+                    const double x = wr[a][i];
+                    if (trace != NULL) trace[r * k + i] = x;
+                    if (isfinite(x)) {
+                        const double q = s[a] > 0.0 ? nearest_code(x, s[a], lo, hi) : 0.0;
+                        codes[r * k + i] = (int8_t)q;
+                        const double d = x - s[a] * q; /* s * q exact */
+                        ei = d / uii;
+                    } else {
+                        failed[r] = i;
+                        reason[r] = REASON_NONFINITE;
+                        alive[a] = 0;
+                    }
+                }
+                e[a * width + (i - g0)] = ei;
+                double *wa = wr[a];
+                for (Py_ssize_t j = i + 1; j < c1; j++) wa[j] = wa[j] - ei * (double)fi[j];
+            }
+        }
+        deferred(wr, t, e, width, g0, fb, block, c0, c1, c1, g1);
+    }
+    deferred(wr, t, e, width, g0, fb, block, g0, g1, g1, b1);
 }
 
 CLONES static void columns_block(double *w, Py_ssize_t n, Py_ssize_t k, const uint32_t *f,
