@@ -42,7 +42,9 @@
  *   and nothing is reassociated.  Every RN64 step of the document is one such operation, in
  *   the document's order for each row; the vector loops below only run the SAME operation on
  *   different j (w[j] = RN64(w[j] - RN64(e * u(i, j))) is independent per j) or on different
- *   rows, never changing what is computed for one value.
+ *   rows, never changing what is computed for one value.  They defer updates (columns_tile:
+ *   w[j] is held in a register while the columns before it update it, in their order), which
+ *   changes no operation and no operand either.
  * - A binary32 factor entry widened to binary64 and a binary16 scale word widened to binary64
  *   are exact conversions; a binary64 -> binary32 conversion (float)x is one RNE rounding with
  *   subnormals and overflow to infinity (RN32).

@@ -1,21 +1,31 @@
 """Block-compensated encoding (docs/encoder-profiles.md, "Error compensation across columns"):
-the vectorised numpy encoder and the check of its factor.
+:func:`encode_compensated` with the C kernel (``_gptqkernel.c``) or the vectorised numpy
+encoder, and the check of its factor.
 
-Contract: bit-identical to :mod:`.gptq_reference` for every input (tests prove it on a
-boundary corpus and on generated matrices), refusing the same rows at the same column for the
-same reason.  Rows never interact, so the work is vectorised across rows only: every document
-step ``RN64(a op b)`` is one elementwise binary64 numpy ufunc over a chunk of rows (numpy never
+Contract: both encoders are bit-identical to :mod:`.gptq_reference` for every input, every
+compensated value included (tests prove it on a boundary corpus and on generated matrices),
+refusing the same rows at the same column for the same reason.  :func:`encode_compensated`
+runs the C kernel when it was built (``NINFER_REQUIRE_NATIVE=1`` makes a missing one an
+import error, as for the other kernels), else numpy; ``kernel="numpy"`` and
+:func:`encode_compensated_numpy` run numpy only.  The C kernel's own argument is in its
+source's header.
+
+numpy: rows never interact, so the work is vectorised across rows only: every document step
+``RN64(a op b)`` is one elementwise binary64 numpy ufunc over a chunk of rows (numpy never
 fuses a multiply and an add, and never reorders elementwise operations), and the column loop
 runs in the document's order.  The two steps that are not binary64 arithmetic are exact here
 too: numpy's float64 -> float32 cast is one RNE rounding (subnormals, overflow to infinity),
 and ``rint(w / s)`` equals the exact ``round_half_even(w / s)`` because a binary64 quotient of
 a binary64 ``w`` by a binary16 ``s`` is never moved onto or across a half-integer (the argument
-is in the document).  The scale of each group is MSE_F16_SEARCH_V1's choice on the binary32
-roundings (MSE_F16_SEARCH_IW_V1's with importance weights), computed by that profile's own host
-encoder (:func:`.host.encode_rows`: its C kernel
-when built, else its numpy encoder; both write the same bytes).
+is in the document); adding +0 turns rint's -0 into the integer code 0.
 
-Memory follows the row chunk: one binary64 copy of :data:`ROW_CHUNK` rows, never the tensor.
+The scale of each group is MSE_F16_SEARCH_V1's choice on the binary32 roundings
+(MSE_F16_SEARCH_IW_V1's with importance weights), computed for both encoders by that profile's
+own host encoder (:func:`.host.encode_rows`: its C kernel when built, else its numpy encoder;
+both write the same bytes).
+
+Memory follows the row chunk: one binary64 copy of :data:`ROW_CHUNK` rows (numpy) or of about
+:data:`NATIVE_CHUNK_VALUES` values (C), never the tensor.
 """
 
 from __future__ import annotations
