@@ -78,8 +78,9 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* Cloned for x86-64-v4, AVX2 and baseline (an ifunc picks one at load time): the update
- * loops are element-wise, so the auto-vectoriser only widens them (contraction stays off, so
- * the FMA units of x86-64-v4 are not used: the build test checks it). */
+ * loops are element-wise (GCC vector extensions of VW lanes, and loops the auto-vectoriser
+ * widens), so each clone runs the same operations per value (contraction stays off, so the
+ * FMA units of x86-64-v4 are not used: the build test checks it). */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define CLONES
@@ -118,7 +119,8 @@ CLONES static void values_block(const double *w, Py_ssize_t n, Py_ssize_t k, Py_
             const double *x = w + r * k + g0;
             uint32_t m = 0;
             for (Py_ssize_t i = 0; i < width; i++) {
-                const uint32_t u = bits_from_f32((float)x[i]); /* RN32 */
+                /* RN32: an IEEE conversion (Annex F), overflow to infinity, NaN stays NaN */
+                const uint32_t u = bits_from_f32((float)x[i]);
                 const uint32_t a = u & F32_MAG;
                 out[i] = u;
                 m = a > m ? a : m;
