@@ -185,6 +185,30 @@ def test_threads_encode_at_once_with_the_same_result() -> None:
 # --- dispatch ----------------------------------------------------------------------------------
 
 
+@native
+def test_the_kernel_runs_by_default_and_numpy_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            calls.append(name)
+            return getattr(kernel, name)
+
+    monkeypatch.setattr(gptq, "_native", Counting())
+    rng = np.random.default_rng(9)
+    words = bf16_words(rng, 3, 130, 0.05)
+    f = random_factor(rng, 130)
+    fmt = FORMATS["Q4G64_F16S"]
+    encode_compensated(words, "BF16", fmt, f)
+    assert calls.count("group_columns") == 3 and calls.count("group_values") == 3  # 3 groups
+    calls.clear()
+    encode_compensated(words, "BF16", fmt, f, kernel="numpy")
+    gptq.encode_compensated_numpy(words, "BF16", fmt, f)
+    assert calls == []
+
+
 def test_numpy_is_used_when_the_kernel_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(6)
     words = bf16_words(rng, 5, 150, 0.05)
