@@ -64,7 +64,7 @@ ROW_CHUNK = 256
 in the L2 cache."""
 
 NATIVE_CHUNK_VALUES = 1 << 20
-"""Values per pass of the C kernel (8 MiB of binary64): it walks one row at a time, so the
+"""Values per pass of the C kernel (8 MiB of binary64): it walks four rows at a time, so the
 chunk only bounds memory and amortises the per-group Python calls."""
 
 _SEARCH, _NONFINITE = 1, 2
