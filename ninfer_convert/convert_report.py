@@ -51,7 +51,9 @@ class ConvertReport:
     """The :class:`~ninfer_convert.convert.TensorRunner`'s details, when one stored the tensors."""
 
     def to_dict(self) -> dict[str, Any]:
-        plan = self.plan.to_dict()
+        # Only the plan's totals and warnings: its entries (a dict per tensor) are not part of
+        # the report.
+        plan = self.plan
         return {
             "output": str(self.output),
             "recipe": {"name": self.plan.recipe.name, "digest": self.plan.recipe.digest},
@@ -67,9 +69,9 @@ class ConvertReport:
             "throughput_source_bytes_per_s": (
                 round(self.source_bytes / self.elapsed_s) if self.elapsed_s > 0 else None
             ),
-            "totals": plan["totals"],
+            "totals": plan.totals_dict(),
             "spot_checked_rows": self.spot_checked_rows,
-            "warnings": plan["warnings"],
+            "warnings": plan.warnings_list(),
             "signature": None if self.signature is None else self.signature.to_json(),
             "notices": list(self.notices),
             **({} if self.runner is None else {"runner": self.runner}),

@@ -13,6 +13,7 @@ from doc_schema import doc_example, same_shape
 from test_recipe_plan import make_source, plan_text
 
 from ninfer_convert.cli import main
+from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.formats import FORMATS
 from ninfer_convert.layouts import lookup_layout
 from ninfer_convert.recipe import PADDING_TOLERANCE, padding_warning
@@ -113,3 +114,12 @@ def test_convert_reports_the_warnings(tmp_path: Path, capsys: pytest.CaptureFixt
     same_shape(doc_example(CLI_DOC, "### `convert --json`"), summary, free=free)
     assert summary["warnings"] and summary["warnings"][0]["tensor"] == "lm_head.weight"
     assert "warning: tensor 'lm_head.weight'" in err
+
+
+def test_convert_report_totals_and_warnings_are_the_plan_json_ones(tmp_path: Path) -> None:
+    # The report takes only these two members of the plan: they must be the dry run's.
+    report = convert_checkpoint(EXAMPLE, QWEN_RECIPE, tmp_path / "o", device="cpu")
+    doc = report.to_dict()
+    plan = report.plan.to_dict()
+    assert doc["totals"] == plan["totals"] and doc["warnings"] == plan["warnings"]
+    assert doc["warnings"] and doc["totals"]["tensors"] == len(report.plan.entries)

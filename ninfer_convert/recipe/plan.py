@@ -127,17 +127,25 @@ class Plan:
             },
             "entries": [e.to_dict() for e in self.entries],
             "skipped": [s.to_dict() for s in self.skipped],
-            "totals": {
-                "per_format": [t.to_dict() for t in self.totals],
-                "tensors": len(self.entries),
-                "weights": self.total_weights,
-                "encoded_bytes": self.total_encoded_bytes,
-                "source_bytes": self.total_source_bytes,
-                "bits_per_weight": self.bits_per_weight,
-            },
+            "totals": self.totals_dict(),
             "evidence": [e.to_dict() for e in r.evidence],
-            "warnings": [w.to_dict() for w in padding_warnings(self.entries)],
+            "warnings": self.warnings_list(),
         }
+
+    def totals_dict(self) -> dict[str, object]:
+        """The ``totals`` member of :meth:`to_dict`."""
+        return {
+            "per_format": [t.to_dict() for t in self.totals],
+            "tensors": len(self.entries),
+            "weights": self.total_weights,
+            "encoded_bytes": self.total_encoded_bytes,
+            "source_bytes": self.total_source_bytes,
+            "bits_per_weight": self.bits_per_weight,
+        }
+
+    def warnings_list(self) -> list[dict[str, object]]:
+        """The ``warnings`` member of :meth:`to_dict`."""
+        return [w.to_dict() for w in padding_warnings(self.entries)]
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
