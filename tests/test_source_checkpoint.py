@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -452,3 +453,49 @@ def test_small_read_of_a_file_truncated_after_its_size_check_is_a_source_error(
     with pytest.raises(SourceError, match=r"short read: 248 of 256 bytes") as info:
         src.read("w")
     assert info.value.tensor == "w"
+
+
+def _fds_on(path: Path) -> int:
+    """Descriptors of this process open on ``path``."""
+    target = os.path.realpath(path)
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed meanwhile
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_reads_share_one_descriptor_per_file_until_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({f"t{i}": torch.full((3,), float(i)) for i in range(5)}, str(path))
+    src = open_source(path)
+    opened: list[object] = []
+    real_open = os.open
+
+    def counting_open(p: object, *args: object, **kwargs: object) -> int:
+        opened.append(p)
+        return real_open(p, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for i in range(5):
+        assert src.read(f"t{i}").words.view(np.float32).tolist() == [float(i)] * 3
+    assert opened == [path] and _fds_on(path) == 1
+    src.close()
+    assert _fds_on(path) == 0
+    assert src.read("t1").words.view(np.float32).tolist() == [1.0] * 3  # reopened
+    del src  # collecting the source closes what it opened
+    assert _fds_on(path) == 0
+
+
+def test_a_shared_descriptor_still_sees_the_file_change(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.ones(4), "b": torch.zeros(4)}, str(path))
+    src = open_source(path)
+    src.read("a")  # the file is open now
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(SourceError, match="changed during conversion"):
+        src.read("b")

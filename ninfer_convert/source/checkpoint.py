@@ -38,7 +38,12 @@ Contract:
   that collide on a case-insensitive or normalising file system are a SourceError listing
   every offender.  ``config.json`` and the shard index are read the same way (regular files,
   never blocking, at most :data:`~.json_files.MAX_JSON_FILE_BYTES`: :mod:`.json_files`).
-* Nothing here writes; reading is thread-safe (each read maps its own region).
+* Nothing here writes; reading is thread-safe (each read maps or ``pread``s its own region).
+  Each weight file is opened once, at its first read, and its descriptor is shared by every
+  later read of that file (opening the file per tensor cost about 13 us, a tenth of a tiny
+  tensor's conversion); :meth:`SourceCheckpoint.close` (or collecting the object) closes
+  them, and must not run while a read is in flight.  Every read still checks the file's size
+  (``fstat``) against the size it had when it was opened.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +169,9 @@ class SourceCheckpoint:
         self._root = root
         self._sizes = dict(files)
         self._paths: dict[str, Path] = {}  # weight file -> its path, built once per file
+        self._fds: dict[str, int] = {}  # weight file -> its descriptor, opened at first read
+        self._fd_lock = threading.Lock()
+        weakref.finalize(self, _close_fds, self._fds)
 
     def __repr__(self) -> str:
         return (
@@ -180,7 +190,25 @@ class SourceCheckpoint:
         self.close()
 
     def close(self) -> None:
-        """Nothing stays open between reads; present for symmetry with other readers."""
+        """Close the weight files opened by reads (a later read opens its file again); not
+        while a read is in flight."""
+        _close_fds(self._fds)
+
+    def _fd(self, file: str, fpath: Path, name: str) -> int:
+        """The shared read-only descriptor of weight file ``file`` (opened at first use)."""
+        fd = self._fds.get(file)
+        if fd is None:
+            with self._fd_lock:  # one descriptor per file, even when two reads race for it
+                fd = self._fds.get(file)
+                if fd is None:
+                    try:
+                        fd = os.open(fpath, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    except OSError as exc:
+                        raise SourceError(
+                            f"cannot open: {exc.strerror or exc}", path=str(fpath), tensor=name
+                        ) from exc
+                    self._fds[file] = fd
+        return fd
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)
@@ -211,12 +239,7 @@ class SourceCheckpoint:
         if fpath is None:
             fpath = self._paths[info.file] = self._root / info.file
         dt = np.dtype(info.word_dtype)
-        try:
-            fd = os.open(fpath, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except OSError as exc:
-            raise SourceError(
-                f"cannot open: {exc.strerror or exc}", path=str(fpath), tensor=name
-            ) from exc
+        fd = self._fd(info.file, fpath, name)
         try:
             size = os.fstat(fd).st_size
             if size != self._sizes[info.file]:
@@ -253,8 +276,6 @@ class SourceCheckpoint:
             raise SourceError(
                 f"cannot read: {exc.strerror or exc}", path=str(fpath), tensor=name
             ) from exc
-        finally:
-            os.close(fd)
         digest = digest_bytes(raw)
         if info.dtype == "BOOL" and raw.size and int(raw.max()) > 1:
             bad = int(np.argmax(raw > 1))
@@ -264,6 +285,13 @@ class SourceCheckpoint:
                 tensor=name,
             )
         return SourceArray(info=info, words=words, digest=digest)
+
+
+def _close_fds(fds: dict[str, int]) -> None:
+    """Close and forget the descriptors of :attr:`SourceCheckpoint._fds`."""
+    while fds:
+        _, fd = fds.popitem()
+        os.close(fd)
 
 
 def _info(header: SafetensorsHeader, file: str) -> dict[str, SourceTensorInfo]:
