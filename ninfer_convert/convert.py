@@ -81,7 +81,7 @@ from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import check_destination, check_free_space, check_writable
 from .container.schema import Provenance, paused_gc
 from .container.wire import SOURCE_DIGEST_PREFIX
-from .container.writer import Reservation, planned_size
+from .container.writer import PlannedEntry, Reservation, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .convert_tensors import RunnerResult, Tally, TensorRunner
 from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
@@ -194,11 +194,13 @@ def planned_output_bytes(
     max_shard_size: int | None,
     signed: bool = False,
     prepared: tuple[str | None, Mapping[str, Provenance]] | None = None,
+    planned: dict[str, PlannedEntry] | None = None,
 ) -> int:
     """The exact size of the model directory convert writes for ``plan`` (shards, index, side
     files, the generated card), plus an allowance for the signature when ``signed``.
     ``prepared``: the card text and the entries' provenance when the caller already has them
-    (convert builds each once: the card's cost notes walk every entry)."""
+    (convert builds each once: the card's cost notes walk every entry); ``planned`` receives
+    the planned header entries (for the writer: see ``ArtifactWriter(planned=...)``)."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
     placeholder = {name: SOURCE_DIGEST_PREFIX + "0" * 32 for name in digested}
     side_files = copied_side_files(plan, src)
@@ -213,6 +215,7 @@ def planned_output_bytes(
         side_files=sizes,
         alignment=alignment,
         max_shard_size=max_shard_size,
+        planned=planned,
     )
     if signed:
         total += _SIGNATURE_ALLOWANCE + _SIGNATURE_PER_FILE * (len(sizes) + len(plan.entries))
@@ -286,6 +289,7 @@ def convert_checkpoint(
         metadata = artifact_metadata(plan, src, {}, alignment)
         card = _card_text(plan, src, side_files)  # deterministic: planned and written the same
         provs = _provenances(plan)
+        planned: dict[str, PlannedEntry] = {}  # filled by the size plan, used by the writer
         writer = ArtifactWriter(
             output,
             metadata=metadata,
@@ -301,8 +305,10 @@ def convert_checkpoint(
                 max_shard_size=max_shard_size,
                 signed=signer is not None,
                 prepared=(card, provs),
+                planned=planned,
             ),
             on_notice=on_notice,
+            planned=planned,
         )
         with writer:
             tally.emit(None)

@@ -7,13 +7,19 @@ alignment (:func:`_placement`); a tensor that would end past ``max_shard_size`` 
 shard unless it would be the shard's first (:func:`_starts_new_shard`).  The writer and
 :func:`planned_size` both place tensors with these two functions, so the size planned before a
 convert is the size it writes (tests compare them for every format).
+
+A header is its metadata and its tensor entries: :func:`header_json` joins the canonical JSON
+of each entry (encoded once: :func:`entry_json`) into the canonical JSON of the whole header,
+byte for byte.  :func:`planned_size` can hand back each entry it planned with its JSON
+(:class:`PlannedEntry`, digests as placeholders of the final length); the writer fills in the
+real digests of a tensor placed as planned instead of encoding its entry again at commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import NinferError, UsageError
 from ..formats import lookup_format
@@ -33,7 +39,16 @@ from .schema import (
 )
 from .wire import DEFAULT_ALIGNMENT, PRELUDE_SIZE, align_up, canonical_json, shard_name
 
-__all__ = ["INDEX_VERSION", "Placement", "check_writer_alignment", "place_tensors", "planned_size"]
+__all__ = [
+    "INDEX_VERSION",
+    "Placement",
+    "PlannedEntry",
+    "check_writer_alignment",
+    "entry_json",
+    "header_json",
+    "place_tensors",
+    "planned_size",
+]
 
 INDEX_VERSION = 1
 
@@ -79,6 +94,75 @@ def _starts_new_shard(has_tensors: bool, end: int, max_shard: int | None) -> boo
 
 
 _DIGEST_PLACEHOLDER = "0" * 32  # every digest in a header or index is 32 hex digits
+# A plane entry's JSON starts with its digest (keys sorted: digest, name, nbytes, offset).  In
+# canonical JSON a quote inside a string is escaped, so '{"' never occurs inside a string and
+# this marks exactly the placeholder digests of an entry's plane entries, in plane order.
+_DIGEST_MARK = b'{"digest":"'
+_PLACEHOLDER_MARK = _DIGEST_MARK + _DIGEST_PLACEHOLDER.encode("ascii") + b'"'
+
+
+def entry_json(entry: TensorEntry) -> bytes:
+    """The canonical JSON of one header entry, as :func:`header_json` joins it."""
+    return canonical_json(entry.to_json())
+
+
+def _header_frame(metadata: ArtifactMeta, files: tuple[SideFile, ...], shard: ShardInfo) -> bytes:
+    """The canonical JSON of a header without tensors, up to and including the ``[`` that
+    opens its ``tensors`` array (the last key: keys are sorted)."""
+    empty = canonical_json(
+        Header(artifact=metadata, files=files, shard=shard, tensors=()).to_json()
+    )
+    if not empty.endswith(b'"tensors":[]}'):  # pragma: no cover - the schema's key order
+        raise RuntimeError("the header's last key is not tensors")
+    return empty[:-2]
+
+
+def header_json(
+    metadata: ArtifactMeta, files: tuple[SideFile, ...], shard: ShardInfo, entries: Sequence[bytes]
+) -> bytes:
+    """The canonical JSON of a header whose tensor entries' canonical JSON is ``entries``
+    (:func:`entry_json`, in order): the bytes of ``canonical_json(Header(...).to_json())``."""
+    return b"".join((_header_frame(metadata, files, shard), b",".join(entries), b"]}"))
+
+
+class PlannedEntry(NamedTuple):
+    """A tensor entry :func:`planned_size` planned (placeholder digests) and its canonical JSON
+    split at those digests (:meth:`filled`); ``pieces`` is empty when the split is not one
+    piece per plane plus one."""
+
+    entry: TensorEntry
+    pieces: tuple[bytes, ...]
+
+    def placed_as(self, entry: TensorEntry) -> bool:
+        """Whether ``entry`` is this one but for its planes' digests."""
+        p = self.entry
+        return (
+            len(self.pieces) == len(entry.planes) + 1
+            and entry.name == p.name
+            and entry.format == p.format
+            and entry.layout == p.layout
+            and entry.shape == p.shape
+            and entry.physical == p.physical
+            and entry.role == p.role
+            and (entry.provenance is p.provenance or entry.provenance == p.provenance)
+            and len(entry.planes) == len(p.planes)
+            and all(
+                a.name == b.name and a.offset == b.offset and a.nbytes == b.nbytes
+                for a, b in zip(entry.planes, p.planes, strict=True)
+            )
+        )
+
+    def filled(self, entry: TensorEntry) -> bytes:
+        """:func:`entry_json` of ``entry``, which must be :meth:`placed_as` this one."""
+        out = [self.pieces[0]]
+        for plane, piece in zip(entry.planes, self.pieces[1:], strict=True):
+            out += (_DIGEST_MARK, plane.digest.encode("ascii"), b'"', piece)
+        return b"".join(out)
+
+
+def _planned_entry(entry: TensorEntry, raw: bytes) -> PlannedEntry:
+    pieces = tuple(raw.split(_PLACEHOLDER_MARK))
+    return PlannedEntry(entry, pieces if len(pieces) == len(entry.planes) + 1 else ())
 
 
 @dataclass(frozen=True)
@@ -117,17 +201,20 @@ def planned_size(
     side_files: Iterable[tuple[str, int]],
     alignment: int = DEFAULT_ALIGNMENT,
     max_shard_size: int | None = None,
+    planned: dict[str, PlannedEntry] | None = None,
 ) -> int:
     """The exact bytes an artifact of these ``(name, format, shape, role, provenance)`` tensors
     and ``(name, size)`` side files takes (shards with preludes, gaps, planes and headers, the
     index, the side files), laid out by the writer's own rules.  ``metadata`` must have the
-    final shape (digests are fixed-length, so placeholders give the same size)."""
+    final shape (digests are fixed-length, so placeholders give the same size).  ``planned``,
+    when given, receives every tensor's planned entry (for ``ArtifactWriter(planned=...)``)."""
     check_writer_alignment(alignment)
     if isinstance(metadata, Mapping):
         metadata = ArtifactMeta.from_json({**metadata, "alignment": alignment}, "metadata")
     sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
     cursors = [PRELUDE_SIZE]
     shards: list[list[TensorEntry]] = [[]]
+    json_sizes = [0]  # per shard: the bytes of its entries' JSON, commas included
     geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
     for name, fmt_name, shape, role, provenance in tensors:
         key = _geometry_key(fmt_name, shape)
@@ -144,6 +231,7 @@ def planned_size(
         if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
             cursors.append(PRELUDE_SIZE)
             shards.append([])
+            json_sizes.append(0)
             offsets, end = _placement(PRELUDE_SIZE, (s.nbytes for s in specs), alignment)
         planes = tuple(
             PlaneEntry(s.name, o, s.nbytes, _DIGEST_PLACEHOLDER)
@@ -159,6 +247,10 @@ def planned_size(
             role=role,
             provenance=Provenance.from_json(provenance, "provenance"),
         )
+        raw = entry_json(entry)
+        if planned is not None:
+            planned[name] = _planned_entry(entry, raw)
+        json_sizes[-1] += len(raw) + bool(shards[-1])
         shards[-1].append(entry)
         cursors[-1] = end
     count = len(shards)
@@ -166,10 +258,8 @@ def planned_size(
     index_shards = []
     plane_total = 0
     for number, (cursor, entries) in enumerate(zip(cursors, shards, strict=True), start=1):
-        header = Header(
-            artifact=metadata, files=sides, shard=ShardInfo(number, count), tensors=tuple(entries)
-        )
-        size = cursor + len(canonical_json(header.to_json()))
+        frame = _header_frame(metadata, sides, ShardInfo(number, count))
+        size = cursor + len(frame) + json_sizes[number - 1] + len(b"]}")
         total += size
         index_shards.append(IndexShard(shard_name(number, count), size, _DIGEST_PLACEHOLDER))
         plane_total += sum(p.nbytes for t in entries for p in t.planes)

@@ -54,6 +54,9 @@ class _Shard:
     handle: BinaryIO | None
     cursor: int = PRELUDE_SIZE
     tensors: list[TensorEntry] = field(default_factory=list)
+    entry_json: dict[int, bytes] = field(default_factory=dict)
+    """Index in ``tensors`` -> that entry's canonical JSON, for the entries the writer has it
+    of already (filled from its planned entry); commit encodes the others."""
     written_back: int = 0  # bytes [0, written_back) were handed to the kernel's writeback
 
 

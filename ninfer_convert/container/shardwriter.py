@@ -52,6 +52,7 @@ from .checks import (
     require_canonical_padding,
 )
 from .placement import (
+    PlannedEntry,
     _Geometry,
     _geometry_key,
     _placement,
@@ -120,6 +121,8 @@ class ShardWriter(abc.ABC):
         self._checked: GeometryCache = {}
         self._layouts: dict[str, Layout] = {}
         self._inline: tuple[_Shard, int, bytearray] | None = None  # see _stage_inline
+        # planned_size's entries and JSON, set by the subclass (see ArtifactWriter's planned).
+        self._planned: Mapping[str, PlannedEntry] = {}
 
     @abc.abstractmethod
     def abort(self) -> None:
@@ -322,6 +325,8 @@ class ShardWriter(abc.ABC):
         self._reserved.popleft()
         self._reserved_names.discard(res.name)
         res.release()
+        if (planned := self._planned.get(res.name)) is not None and planned.placed_as(entry):
+            res.shard.entry_json[len(res.shard.tensors)] = planned.filled(entry)
         res.shard.tensors.append(entry)
         self._names.add(res.name)
         if not res.inline:
@@ -415,8 +420,10 @@ class ShardWriter(abc.ABC):
             check_provenance(prov, fmt_name, "provenance")
         except SchemaError as exc:
             raise UsageError(exc.message, tensor=name, where=exc.where) from None
+        planned = self._planned.get(name)  # its JSON shows that the same strings encode
         try:
-            canonical_json([name, role, prov.to_json()])
+            if planned is None or (planned.entry.role, planned.entry.provenance) != (role, prov):
+                canonical_json([name, role, prov.to_json()])
         except UnicodeEncodeError as exc:
             raise UsageError(f"not encodable as UTF-8: {exc.reason}", tensor=repr(name)) from None
         return prov

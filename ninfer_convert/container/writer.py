@@ -36,6 +36,10 @@ Contract:
 * ``expected_bytes`` (see :func:`planned_size`) is checked against the free space before any
   byte is written.  Every ``OSError`` of the file system (disk full, quota, permission,
   read-only) becomes a :class:`ResourceError` after the staging area is removed.
+* ``planned`` (filled by ``planned_size(planned=...)``): the header entries planned for the
+  tensors; a tensor stored exactly as planned (name, format, shape, role, provenance, plane
+  offsets) gets its header JSON by filling its digests into the planned entry's JSON instead
+  of being encoded again at commit.  The header bytes are the same either way.
 
 Usage errors (bad names, wrong shapes, bad metadata) raise :class:`UsageError` /
 :class:`FormatError` before any byte of that tensor is written, and leave the writer usable.
@@ -55,10 +59,13 @@ from ..errors import ResourceError, UsageError
 from .checks import check_tensor_geometry
 from .placement import (
     INDEX_VERSION,
+    PlannedEntry,
     _placement,
     _starts_new_shard,
     _usage,
     check_writer_alignment,
+    entry_json,
+    header_json,
     planned_size,
 )
 from .publish import (
@@ -76,7 +83,6 @@ from .publish import (
 )
 from .schema import (
     ArtifactMeta,
-    Header,
     IndexFile,
     IndexShard,
     Provenance,
@@ -104,6 +110,7 @@ from .wire import (
 
 __all__ = [
     "ArtifactWriter",
+    "PlannedEntry",
     "Reservation",
     "WrittenTensor",
     "check_writer_alignment",
@@ -127,10 +134,13 @@ class ArtifactWriter(ShardWriter):
         companions: Sequence[str] = (),
         expected_bytes: int | None = None,
         on_notice: Callable[[str], None] | None = None,
+        planned: Mapping[str, PlannedEntry] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir).absolute()
         self._state = "new"
         super().__init__(alignment, max_shard_size)
+        if planned is not None:
+            self._planned = planned
         self.overwrite = overwrite
         self.expected_bytes = expected_bytes
         self._sources = tuple(Path(s) for s in sources)
@@ -365,13 +375,13 @@ class ArtifactWriter(ShardWriter):
         total = 0
         for shard in self._shards:
             self._finish_payload(shard)
-            header = Header(
-                artifact=self._metadata,
-                files=files,
-                shard=ShardInfo(shard.number, count),
-                tensors=tuple(shard.tensors),
+            known = shard.entry_json
+            raw = header_json(
+                self._metadata,
+                files,
+                ShardInfo(shard.number, count),
+                [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)],
             )
-            raw = canonical_json(header.to_json())
             if len(raw) > MAX_HEADER_BYTES:
                 raise UsageError(
                     f"shard {shard.number} header is {len(raw)} bytes, over the "
