@@ -32,6 +32,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ..container import Artifact
+
+# Convert's own derivation, looked up on the module at each call (a function-level import
+# cost about 5 us, three per tiny tensor).
+from ..derive import entry as derivation
 from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, NinferError, SourceError
@@ -45,6 +49,7 @@ from ..formats import (
 )
 from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
+from ..recipe.materialize import DerivedWords, streams_directly
 from ..validate import logical_problems
 from .compare import BlockStats, compare_logical, error_stats, oracle_sample
 from .report import Finding, Mismatch, TensorErrorStats
@@ -171,8 +176,6 @@ def blockwise(ctx: SourceContext, entry: PlanEntry) -> bool:
 def streamed(entry: PlanEntry) -> bool:
     """Whether the tensor is a direct format or a copy path, re-derived and compared block by
     block."""
-    from ..recipe.materialize import streams_directly
-
     return streams_directly(entry) or entry.copy is not None
 
 
@@ -257,8 +260,6 @@ def check_tensor(
         and enc is not None
         and not callable(found)
     ):
-        from ..recipe.materialize import DerivedWords
-
         words = enc.words.whole() if isinstance(enc.words, DerivedWords) else enc.words
         out.stats = error_stats(fmt, name, words, enc.source_dtype, found)
     return out
@@ -276,12 +277,6 @@ def _rederive(
     """Re-derive ``name`` and compare it with the stored planes; None (after the value check)
     when a source tensor's digest differs from the recorded one.  A tensor that differs is
     derived whole, after ``reserve``, to locate its differences."""
-    from ..derive.entry import (  # convert's own derivation
-        derive_packed,
-        host_grouped_equals,
-        host_stream_equals,
-    )
-
     info = art.tensors[name]
     packed: PackedTensor | None = None
     equal: bool | None = None
@@ -289,7 +284,7 @@ def _rederive(
     if blockwise(ctx, entry):
         plane_digests = [art.new_plane_digest() for _ in info.planes]
         with _stored_planes(art, name) as stored_planes:
-            equal, digests, enc = host_grouped_equals(
+            equal, digests, enc = derivation.host_grouped_equals(
                 entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc,
                 digests=plane_digests,
             )  # fmt: skip
@@ -300,11 +295,13 @@ def _rederive(
         # with its slice of the stored planes and the slice digested on the way.
         plane_digests = [art.new_plane_digest() for _ in info.planes]
         with _stored_planes(art, name) as stored_planes:
-            equal, digests = host_stream_equals(entry, ctx.source, stored_planes, plane_digests)
+            equal, digests = derivation.host_stream_equals(
+                entry, ctx.source, stored_planes, plane_digests
+            )
         out.integrity = _plane_digest_findings(art, name, plane_digests)
         enc = None
     else:
-        packed = derive_packed(
+        packed = derivation.derive_packed(
             entry, ctx.source, device=ctx.device, threads=ctx.threads, on_block=acc
         )
         digests, enc = dict(packed.source_digests), packed.encode_input
@@ -316,7 +313,7 @@ def _rederive(
         equal = _stored_equals(art, name, packed.planes)
     elif not equal:
         reserve(entry.source_bytes)
-        packed = derive_packed(entry, ctx.source, device=ctx.device, threads=ctx.threads)
+        packed = derivation.derive_packed(entry, ctx.source, device=ctx.device, threads=ctx.threads)
     return _Rederived(equal, packed, enc)
 
 
