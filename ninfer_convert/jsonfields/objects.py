@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import SchemaError
+from ..native import optional_module
 from .specs import CheckContext, DecoderSource, Spec
 from .values import check_object, json_pairs, json_value, subpath
 
@@ -246,6 +247,33 @@ def _generate_encoders(cls: type[SchemaObject]) -> None:
     cls.json_pairs = env["json_pairs"]  # type: ignore[method-assign]
 
 
+_native = optional_module("_jsonfast")
+
+
+def _maker(cls: type[SchemaObject]) -> Callable[..., Any]:
+    """What the compiled decoder builds its instances with: the C module's slot filler for a
+    slotted class whose JSON fields are all its fields (it skips the frozen ``__init__``'s
+    ``object.__setattr__`` per field), else the class itself.  The filler is used only when
+    it gives what ``__init__`` gives: every slot holding the very object passed (checked
+    here, once per class, with sentinel values)."""
+    names = tuple(d.name for d in cls._FIELDS)
+    slots = getattr(cls, "__slots__", None)
+    if _native is None or slots is None or tuple(slots) != names or "__dict__" in dir(cls):
+        return cls
+    if names != tuple(d.name for d in dataclasses.fields(cls)):  # type: ignore[arg-type]
+        return cls
+    try:
+        maker: Callable[..., Any] = _native.slot_maker(cls, names)
+        probe = tuple(object() for _ in names)
+        via_init, via_maker = cls(*probe), maker(*probe)
+    except (TypeError, ValueError, SchemaError):
+        return cls
+    for name, value in zip(names, probe, strict=True):
+        if getattr(via_init, name) is not value or getattr(via_maker, name) is not value:
+            return cls
+    return maker
+
+
 def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
     """The fast decoder of ``cls``: Python source generated from the specs, compiled once."""
     g = DecoderSource()
@@ -264,7 +292,7 @@ def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
         g.emit(f"{var} = value[{d.key!r}]")
         d.spec.fast(g, var)
         args.append(var)
-    ctor = g.name(cls, "cls")
+    ctor = g.name(_maker(cls), "cls")
     if cls._SHARED:
         g.emit(f"key = ({ctor}, {', '.join(args)})")
         g.emit("got = memo.get(key)")
@@ -274,7 +302,8 @@ def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
         g.emit(f"return {ctor}({', '.join(args)})")
     params = "value, memo" if cls._FAST_MEMO else "value"
     source = f"def decode({params}):\n" + "\n".join(g.lines) + "\n"
-    exec(source, g.env)  # our own generated source
+    # Named per class so that a profile tells the decoders apart.
+    exec(compile(source, f"<{cls.__name__} fast decoder>", "exec"), g.env)  # our own source
     decode: Callable[..., Any] = g.env["decode"]
     decode.__qualname__ = f"{cls.__name__} fast decoder"
     decode.__doc__ = f"{cls.__name__}'s checks for a plain parsed dict, or ``None``.\n\n{source}"
