@@ -261,3 +261,116 @@ def test_slot_maker_untracks_only_instances_that_cannot_reach_a_cycle() -> None:
     del cyclic, via_list, via_tuple
     gc.collect()
     assert freed == [True]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bulk header checks (checks.check_header_tensors)
+
+
+def _entries(count: int) -> tuple[dict[str, Any], int]:
+    """A valid header of ``count`` BF16 [2, 3] tensors at alignment 64, and its payload end."""
+    tensors, cursor = [], 48
+    for i in range(count):
+        offset = -(-cursor // 64) * 64
+        tensors.append({
+            "name": f"t{i}", "format": "BF16", "layout": "contiguous-le-v1",
+            "shape": [2, 3], "physical": [2, 3], "role": "weight",
+            "planes": [{"name": "words", "offset": offset, "nbytes": 12, "digest": "0" * 32}],
+            "provenance": {
+                "sources": [{"name": f"t{i}", "dtype": "BF16", "shape": [2, 3], "file": "m"}],
+                "conversion": None, "transforms": [], "encoder_profile": None,
+                "rule": {"index": 0, "line": 3, "pattern": "t"}, "constraints": [],
+            },
+        })  # fmt: skip
+        cursor = offset + 12
+    artifact = {
+        "alignment": 64,
+        "producer": {"name": "ninfer-convert", "version": "test"},
+        "recipe": {"digest": "", "evidence": [], "name": "t", "text": "t: 1\n"},
+        "source": {"config": None, "files": [], "kind": "synthetic", "path": "", "tensors": {}},
+    }
+    header = {"artifact": artifact, "files": [], "shard": {"count": 1, "index": 1},
+              "tensors": tensors}  # fmt: skip
+    return header, cursor
+
+
+def test_a_valid_header_is_cleared_in_bulk_without_the_per_entry_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ninfer_convert.container import checks
+
+    header, end = _entries(5)
+    path = tmp_path / SINGLE_NAME
+    write_raw_header(path, bytes(end), json.dumps(header).encode())
+
+    def walked(*args: object) -> None:
+        raise AssertionError("the per-entry walk ran for a valid header")
+
+    monkeypatch.setattr(checks, "check_tensor_geometry", walked)
+    monkeypatch.setattr(checks, "check_placement", walked)
+    with open_artifact(path) as art:
+        assert list(art.tensors) == [f"t{i}" for i in range(5)]
+
+
+_GEOMETRY_VALUES = st.sampled_from(
+    [0, 1, 11, 12, 13, 47, 48, 63, 64, 65, 128, 192, 256, 2**62, 2**63 - 1, "t0", "t1", "",
+     "a\x01", "words", "codes", [2, 3], [3, 2], [6], [], "BF16", "FP32", "Q4G64_F16S",
+     "contiguous-le-v1", "MAXABS_F16_RECIP_RNE_V1"]
+)  # fmt: skip
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_bulk_checks_refuse_what_the_per_entry_walk_refuses_with_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: st.DataObject
+) -> None:
+    # One or two geometry values of a 4-tensor header replaced (names, formats, layouts,
+    # shapes, plane names, offsets, sizes, encoder profiles): opened with the bulk pass and
+    # with it answering "maybe not" always, the outcome must be the same.
+    from ninfer_convert.container import checks
+
+    header, end = _entries(4)
+    for _ in range(data.draw(st.integers(1, 2))):
+        t = header["tensors"][data.draw(st.integers(0, 3))]
+        field = data.draw(
+            st.sampled_from(["name", "format", "layout", "shape", "physical", "plane.name",
+                             "plane.offset", "plane.nbytes", "encoder_profile"])
+        )  # fmt: skip
+        value = data.draw(_GEOMETRY_VALUES)
+        if field.startswith("plane."):
+            t["planes"][0][field[6:]] = value
+        elif field == "encoder_profile":
+            t["provenance"]["encoder_profile"] = value
+        else:
+            t[field] = value
+    path = tmp_path / SINGLE_NAME
+    write_raw_header(path, bytes(end), json.dumps(header).encode())
+    bulk = _outcome(path)
+    with monkeypatch.context() as m:
+        m.setattr(checks, "_all_clear", lambda *args: False)
+        walked = _outcome(path)
+    assert bulk == walked
+
+
+@pytest.mark.parametrize("which", [0, 2, 3])
+def test_a_consistent_tensor_larger_than_the_file_is_refused_as_the_walk_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: int
+) -> None:
+    # Shape, physical extents and plane size agree (2**40 BF16 words), so only placement can
+    # refuse it: the plane ends beyond the payload, whatever tensor it is.
+    from ninfer_convert.container import checks
+
+    header, end = _entries(4)
+    t = header["tensors"][which]
+    t["shape"] = t["physical"] = [2**40]
+    t["planes"][0]["nbytes"] = 2**41
+    path = tmp_path / SINGLE_NAME
+    write_raw_header(path, bytes(end), json.dumps(header).encode())
+    bulk = _outcome(path)
+    with monkeypatch.context() as m:
+        m.setattr(checks, "_all_clear", lambda *args: False)
+        walked = _outcome(path)
+    assert bulk == walked
+    assert bulk[0] == "refused" and "lies beyond the payload region" in bulk[1]
