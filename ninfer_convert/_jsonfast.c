@@ -11,6 +11,10 @@
  * if it held no strings at all: this scan rewinds to just after such a quote and does the
  * same.  A text without any '[' or '{' (anywhere) has no object, so members is 0.
  *
+ * dict_values(value, keys) -> the values of `keys` (a tuple of distinct strings), in order, when
+ * `value` is exactly a dict holding exactly those keys, else None: a compiled decoder's key
+ * check and field reads in one call.
+ *
  * slot_maker(cls, names) -> maker: maker(*values) is a new instance of the slotted class
  * `cls` with the slot names[i] holding values[i], without calling __init__ (a frozen
  * dataclass's __init__ is one object.__setattr__ call per field, most of the cost of
@@ -292,8 +296,46 @@ fail:
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* dict_values */
+
+static PyObject *
+dict_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "dict_values(value: object, keys: tuple[str, ...])");
+        return NULL;
+    }
+    PyObject *value = args[0], *keys = args[1];
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (!PyDict_CheckExact(value) || PyDict_GET_SIZE(value) != n) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyDict_GetItemWithError(value, PyTuple_GET_ITEM(keys, i));
+        if (item == NULL) {
+            Py_DECREF(out);
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
+    {"dict_values", (PyCFunction)(void (*)(void))dict_values, METH_FASTCALL,
+     "dict_values(value, keys) -> the values of keys if value is a dict with exactly those "
+     "keys (distinct), else None"},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, limit) -> (offset of the first bracket deeper than limit or None, members)"},
     {"slot_maker", (PyCFunction)(void (*)(void))slot_maker, METH_FASTCALL,

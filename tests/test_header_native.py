@@ -374,3 +374,24 @@ def test_a_consistent_tensor_larger_than_the_file_is_refused_as_the_walk_refuses
         walked = _outcome(path)
     assert bulk == walked
     assert bulk[0] == "refused" and "lies beyond the payload region" in bulk[1]
+
+
+@needs_native
+def test_dict_values_reads_exactly_the_key_set_or_declines() -> None:
+    keys = ("a", "b")
+    assert _native.dict_values({"b": 2, "a": 1}, keys) == (1, 2)
+    assert _native.dict_values({"a": 1}, keys) is None  # a key missing
+    assert _native.dict_values({"a": 1, "b": 2, "c": 3}, keys) is None  # one more
+    assert _native.dict_values({"a": 1, "c": 3}, keys) is None  # as many, another one
+    assert _native.dict_values({"a": 1, 2: 3}, keys) is None  # a key that is not a string
+    assert _native.dict_values([("a", 1), ("b", 2)], keys) is None  # not a dict
+    assert _native.dict_values({}, ()) == ()
+
+    class Sub(dict):  # type: ignore[type-arg]
+        pass
+
+    assert _native.dict_values(Sub(a=1, b=2), keys) is None  # only exactly a dict
+    with pytest.raises(TypeError):
+        _native.dict_values({}, ["a"])
+    with pytest.raises(TypeError):  # an unhashable key is the caller's error, not None
+        _native.dict_values({"a": 1}, ([],))

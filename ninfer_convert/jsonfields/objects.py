@@ -277,19 +277,31 @@ def _maker(cls: type[SchemaObject]) -> Callable[..., Any]:
 def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
     """The fast decoder of ``cls``: Python source generated from the specs, compiled once."""
     g = DecoderSource()
-    keys = g.name(cls.KEYS, "keys")
-    g.emit(f"if type(value) is not dict or value.keys() != {keys}: return None")
+    # The key check admits only dicts without an optional key: one that has it takes the
+    # checked path.
+    const_vars = {key: g.local() for key in cls._CONSTS}
+    field_vars = {d.key: g.local() for d in cls._FIELDS if not d.omit_none}
+    if _native is not None:
+        # One C call checks the key set and reads every value (keys are distinct strings).
+        order = g.name((*const_vars, *field_vars), "keys")
+        fetch = g.name(_native.dict_values, "values")
+        g.emit(f"got = {fetch}(value, {order})")
+        g.emit("if got is None: return None")
+        if const_vars or field_vars:
+            g.emit(f"{', '.join([*const_vars.values(), *field_vars.values()])}, = got")
+    else:
+        keys = g.name(cls.KEYS, "keys")
+        g.emit(f"if type(value) is not dict or value.keys() != {keys}: return None")
+        for key, var in [*const_vars.items(), *field_vars.items()]:
+            g.emit(f"{var} = value[{key!r}]")
     for key, const in cls._CONSTS.items():
-        g.emit(f"if value[{key!r}] != {const!r}: return None")
+        g.emit(f"if {const_vars[key]} != {const!r}: return None")
     args = []
     for d in cls._FIELDS:
         if d.omit_none:
-            # The key check above admits only dicts without the optional key: one that has it
-            # takes the checked path.
             args.append(repr(d.default))
             continue
-        var = g.local()
-        g.emit(f"{var} = value[{d.key!r}]")
+        var = field_vars[d.key]
         d.spec.fast(g, var)
         args.append(var)
     ctor = g.name(_maker(cls), "cls")
