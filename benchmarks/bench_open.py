@@ -32,8 +32,11 @@ CODE = (
 def open_once(tree: Path, artifact: Path) -> tuple[float, float, float]:
     """(CPU s, wall s, RssAnon MiB held) of one open by ``tree``'s package."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CODE.format(path=str(artifact))], env=env,
-                         check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
+    # Run in the tree: `python -c` puts the working directory first on sys.path, ahead of
+    # PYTHONPATH, so run from another checkout it would import that one.
+    out = subprocess.run([sys.executable, "-c", CODE.format(path=str(artifact.resolve()))],
+                         env=env, cwd=tree, check=True, capture_output=True,
+                         text=True).stdout.split()  # fmt: skip
     cpu, wall, mib = (float(x) for x in out)
     return cpu, wall, mib
 
@@ -44,12 +47,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("artifacts", nargs="+", type=Path)
     args = ap.parse_args()
-    trees = dict(t.split("=", 1) for t in args.tree)
+    trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.tree)}
     for artifact in args.artifacts:
         runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                runs[name].append(open_once(Path(tree), artifact))
+                runs[name].append(open_once(tree, artifact))
         for name, got in runs.items():
             cpu = [round(r[0], 3) for r in got]
             wall = [round(r[1], 2) for r in got]
