@@ -395,3 +395,13 @@ def test_dict_values_reads_exactly_the_key_set_or_declines() -> None:
         _native.dict_values({}, ["a"])
     with pytest.raises(TypeError):  # an unhashable key is the caller's error, not None
         _native.dict_values({"a": 1}, ([],))
+
+
+def test_a_rule_reference_is_one_instance_whichever_path_decoded_its_entry() -> None:
+    # The memo key of a shared class names the class on both paths: an entry the fast path
+    # took and one only the checked path takes (an extra key) share their equal RuleRef.
+    rule = {"index": 0, "line": 3, "pattern": "re:.*"}
+    memo: dict[Any, Any] = {}
+    fast = RuleRef.from_json(dict(rule), "rule", memo)
+    checked = RuleRef.checked_from_json(dict(rule), "rule", memo)
+    assert fast is checked

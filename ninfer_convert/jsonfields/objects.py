@@ -306,7 +306,8 @@ def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
         args.append(var)
     ctor = g.name(_maker(cls), "cls")
     if cls._SHARED:
-        g.emit(f"key = ({ctor}, {', '.join(args)})")
+        # The memo key names the class, as the checked path's does, so both share one value.
+        g.emit(f"key = ({g.name(cls, 'type')}, {', '.join(args)})")
         g.emit("got = memo.get(key)")
         g.emit(f"if got is None: got = memo[key] = {ctor}({', '.join(args)})")
         g.emit("return got")
