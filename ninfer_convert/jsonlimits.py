@@ -8,10 +8,12 @@ reader of an untrusted JSON document (safetensors headers, ``model.safetensors.i
 typed error naming the file instead of a ``RecursionError`` inside ``json.loads`` (whose C
 scanner recurses once per level).
 
-The ``.ninfer`` reader is the one exception to "first": it parses first and runs the scan only
-when the parse or its schema refuses the document, because a schema-valid header is shallow by
-construction (``container.typed_json``), and only while Python's recursion limit is low
-enough that the parser's C recursion cannot overflow the stack.  :func:`scan` also counts the
+The ``.ninfer`` reader without the C module ``_jsonfast`` is the one exception to "first": it
+parses first and runs the scan only when the parse or its schema refuses the document,
+because a schema-valid header is shallow by construction (``container.typed_json``), and
+only while Python's recursion limit is low enough that the parser's C recursion cannot
+overflow the stack.  With the C module the scan is one pass over the code points, cheaper
+than the parse, and that reader runs it first too.  :func:`scan` also counts the
 object members (colons outside strings), and :func:`compact_members` counts them without a
 pass over the string literals; that reader compares the count with its typed value to find
 repeated keys.
@@ -26,9 +28,23 @@ import re
 
 import numpy as np
 
-__all__ = ["MAX_JSON_DEPTH", "compact_members", "nesting_problem", "scan"]
+from .native import optional_module
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "NATIVE_SCAN",
+    "compact_members",
+    "nesting_problem",
+    "scan",
+    "scan_python",
+]
 
 MAX_JSON_DEPTH = 64
+
+_native = optional_module("_jsonfast")
+NATIVE_SCAN = _native is not None
+"""Whether :func:`scan` is the C module's single pass rather than the regular expressions of
+:func:`scan_python` (the header reader then runs its checks in the documented order)."""
 
 _CHUNK = 1 << 20
 
@@ -50,7 +66,21 @@ def scan(text: str, limit: int = MAX_JSON_DEPTH) -> tuple[int | None, int]:
     ``members`` counts the colons outside string literals: in valid JSON, exactly the number of
     object members (key-value pairs, all levels included), whatever keys repeat.  A reader
     that parses without a per-object hook compares it with the members it kept to learn that
-    some object repeats a key (and only then parses again to name it)."""
+    some object repeats a key (and only then parses again to name it).  With the C module
+    ``_jsonfast`` built this is its single pass over the code points (:data:`NATIVE_SCAN`);
+    :func:`scan_python` is the reference it matches (tests/test_jsonlimits.py)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    if _native is not None:
+        got: tuple[int | None, int] = _native.scan(text, limit)
+        return got
+    return scan_python(text, limit)
+
+
+def scan_python(text: str, limit: int = MAX_JSON_DEPTH) -> tuple[int | None, int]:
+    """:func:`scan` without the C module: string literals found by a regular expression (a
+    quote whose string never ends is an ordinary character, and so is the text after it),
+    then the brackets and colons of what remains."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if "[" not in text and "{" not in text:

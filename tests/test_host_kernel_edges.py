@@ -202,4 +202,4 @@ def test_refused_build_falls_back_to_numpy(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "FLT_EVAL_METHOD == 0" in proc.stdout + proc.stderr
     built = {p.name.split(".")[0] for p in (tmp_path / "lib" / "ninfer_convert").iterdir()}
-    assert built == {"_rowsplit"}
+    assert built == {"_rowsplit", "_jsonfast"}  # integer-only modules build anyway

@@ -200,34 +200,43 @@ def _header(count: int) -> tuple[dict[str, Any], bytes]:
     return header, bytes(cursor)
 
 
-def _open_seconds(path: Path, tries: int, count: int) -> float:
+def _open_cpu_seconds(path: Path, tries: int, count: int) -> float:
+    """Best CPU seconds of ``tries`` opens (the open is single-threaded; on a shared 2-core VM
+    wall time follows the other tenants' load, CPU time far less)."""
     best = float("inf")
     for _ in range(tries):
-        start = time.perf_counter()
+        start = time.process_time()
         with open_artifact(path) as art:
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
             assert len(art.tensors) == count
     return best
 
 
+def _many_tensor_file(tmp_path: Path, count: int) -> Path:
+    header, payload = _header(count)
+    header["artifact"]["source"]["tensors"] = {
+        e["name"]: {"dtype": "BF16", "shape": [1], "digest": "xxh3-128:" + "0" * 32}
+        for e in header["tensors"]
+    }
+    file = tmp_path / f"{count}" / SINGLE_NAME
+    file.parent.mkdir()
+    write_raw_header(file, payload, canonical_json(header))
+    return file
+
+
 def test_open_time_is_linear_in_the_tensor_count(tmp_path: Path) -> None:
-    # Issue 12: a 100,000-tensor artifact opens in under 2 s (4.6-5.8 s before the schema was
-    # compiled and the parser lost its per-object hook; quadratic once).  20,000 tensors here,
-    # with a ceiling generous enough for a loaded 2-core machine, and 2,000 for the slope:
-    # 10x the tensors must cost well under 10x squared.
+    # Issue 12: a 100,000-tensor artifact opens in under 2 s.  20,000 tensors here: 0.81-0.91
+    # s of CPU before the C JSON scan, the slot maker and the bulk geometry checks, 0.44-0.49 s
+    # after, under load average 12-14 on the 2-core VM (docs/performance.md); the ceiling
+    # fails the old per-tensor cost and leaves the new one 40 % for noise.  2,000 for the
+    # slope: 10x the tensors must cost well under 10x squared.
     times = {}
     for count in (2_000, 20_000):
-        header, payload = _header(count)
-        header["artifact"]["source"]["tensors"] = {
-            e["name"]: {"dtype": "BF16", "shape": [1], "digest": "xxh3-128:" + "0" * 32}
-            for e in header["tensors"]
-        }
-        file = tmp_path / f"{count}" / SINGLE_NAME
-        file.parent.mkdir()
-        write_raw_header(file, payload, canonical_json(header))
-        times[count] = _open_seconds(file, 3 if count < 10_000 else 1, count)
-    assert times[20_000] < 12.0, times
+        file = _many_tensor_file(tmp_path, count)
+        times[count] = _open_cpu_seconds(file, 3 if count < 10_000 else 2, count)
+    assert times[20_000] < 0.7, times
     assert times[20_000] < 30 * times[2_000], times
+
 
 
 def test_offsets_beyond_the_fast_bound_take_the_checked_path() -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from ..errors import NinferError, UsageError
 from ..formats import check_profile_fits
@@ -33,6 +36,7 @@ __all__ = [
     "MAX_SIDE_FILE_DEPTH",
     "GeometryCache",
     "check_alignment",
+    "check_header_tensors",
     "check_provenance",
     "check_side_file_name",
     "check_tensor_geometry",
@@ -143,6 +147,94 @@ def check_tensor_geometry(
             )
     check_provenance(entry.provenance, entry.format, f"{where}.provenance")
     return specs
+
+
+def check_header_tensors(
+    tensors: Sequence[TensorEntry], alignment: int, start: int, end: int
+) -> int:
+    """Every check of a header's tensor list, in the reader's order, and the end of the last
+    plane: per entry (index order) a repeated name, then :func:`check_tensor_geometry`; then
+    :func:`check_placement`.  The first problem that order meets is raised.
+
+    A 100,000-tensor header is checked in bulk first (names joined into one string for the
+    control-character scan, geometry compared per distinct (format, layout, shape), plane
+    offsets as numpy arrays); that pass only ever answers "all clear", and any doubt runs the
+    entry-by-entry checks, which raise the very problem they always raised."""
+    if not _all_clear(tensors, alignment, start, end):
+        names: set[str] = set()
+        layouts: GeometryCache = {}
+        for i, t in enumerate(tensors):
+            if t.name in names:
+                raise SchemaError(f"tensors[{i}].name", f"duplicate tensor name {t.name!r}")
+            names.add(t.name)
+            check_tensor_geometry(t, f"tensors[{i}]", layouts)
+        return check_placement(tensors, alignment, start, end)
+    last = tensors[-1].planes[-1] if tensors and tensors[-1].planes else None
+    if last is None:  # an entry without planes: the exact walk computes the cursor
+        return check_placement(tensors, alignment, start, end)
+    return last.offset + last.nbytes
+
+
+def _all_clear(tensors: Sequence[TensorEntry], alignment: int, start: int, end: int) -> bool:
+    """Whether :func:`check_header_tensors`'s exact checks would all pass (``False``: maybe
+    not, run them)."""
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        return False
+    if names and (min(map(len, names)) < 1 or max(map(len, names)) > MAX_NAME_CHARS):
+        return False
+    if _CONTROL_CHAR.search("".join(names)) is not None:  # one in the join is one in a name
+        return False
+    expected: dict[tuple[str, str, tuple[int, ...]], tuple[tuple[int, ...], tuple[Any, ...]]]
+    expected = {}
+    profiles: set[tuple[str, str]] = set()
+    offsets: list[int] = []
+    sizes: list[int] = []
+    for t in tensors:
+        key = (t.format, t.layout, t.shape)
+        known = expected.get(key)
+        if known is None:
+            try:
+                specs, physical = expected_planes(t.format, t.layout, t.shape, "")
+            except SchemaError:
+                return False
+            known = expected[key] = (physical, tuple((p.name, p.nbytes) for p in specs))
+        if t.physical != known[0]:
+            return False
+        planes = t.planes
+        if len(planes) != len(known[1]):
+            return False
+        for plane, (name, nbytes) in zip(planes, known[1], strict=True):
+            if plane.name != name or plane.nbytes != nbytes:
+                return False
+            offsets.append(plane.offset)
+            sizes.append(nbytes)
+        profile = t.provenance.encoder_profile
+        if profile is not None:
+            profiles.add((profile, t.format))
+    for profile, fmt in profiles:
+        try:
+            check_profile_fits(profile, fmt)
+        except NinferError:
+            return False
+    if not offsets:
+        return False
+    # Placement: each plane at align_up(end of the previous one), the first at
+    # align_up(start), every plane ending by ``end``.  Offsets and sizes are below 2**63, so
+    # their sums fit uint64; once every end is at most ``end`` (< 2**63) so is every cursor.
+    off = np.array(offsets, dtype=np.uint64)
+    stop = off + np.array(sizes, dtype=np.uint64)
+    if int(stop.max()) > end:
+        return False
+    cursor = np.empty_like(off)
+    cursor[0] = start
+    cursor[1:] = stop[:-1]
+    mask = np.uint64(alignment - 1)
+    return bool(np.array_equal((cursor + mask) & ~mask, off))
+
+
+_CONTROL_CHAR = re.compile("[\x00-\x1f\x7f]")
+"""The control characters names.tensor_name_problem refuses (the same class)."""
 
 
 def check_placement(tensors: Iterable[TensorEntry], alignment: int, start: int, end: int) -> int:

@@ -17,13 +17,7 @@ import os
 from pathlib import Path
 
 from ..errors import ArtifactError, IntegrityError, UsageError
-from .checks import (
-    GeometryCache,
-    check_alignment,
-    check_placement,
-    check_side_file_name,
-    check_tensor_geometry,
-)
+from .checks import check_alignment, check_header_tensors, check_side_file_name
 from .dir_snapshot import open_in_directory
 from .schema import Header, SchemaError
 from .typed_json import HEADER_DEPTH, parse_typed
@@ -168,14 +162,9 @@ class ContainerFile:
         header = parse_typed(Header, raw, "header", self.path, HEADER_DEPTH)
         try:
             check_alignment(header.artifact.alignment)
-            names: set[str] = set()
-            layouts: GeometryCache = {}
-            for i, t in enumerate(header.tensors):
-                if t.name in names:
-                    raise SchemaError(f"tensors[{i}].name", f"duplicate tensor name {t.name!r}")
-                names.add(t.name)
-                check_tensor_geometry(t, f"tensors[{i}]", layouts)
-            end = check_placement(header.tensors, header.artifact.alignment, PRELUDE_SIZE, h_off)
+            end = check_header_tensors(
+                header.tensors, header.artifact.alignment, PRELUDE_SIZE, h_off
+            )
             if end != h_off:
                 raise SchemaError(
                     "tensors",

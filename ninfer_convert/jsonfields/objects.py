@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import SchemaError
+from ..native import optional_module
 from .specs import CheckContext, DecoderSource, Spec
 from .values import check_object, json_pairs, json_value, subpath
 
@@ -246,27 +247,67 @@ def _generate_encoders(cls: type[SchemaObject]) -> None:
     cls.json_pairs = env["json_pairs"]  # type: ignore[method-assign]
 
 
+_native = optional_module("_jsonfast")
+
+
+def _maker(cls: type[SchemaObject]) -> Callable[..., Any]:
+    """What the compiled decoder builds its instances with: the C module's slot filler for a
+    slotted class whose JSON fields are all its fields (it skips the frozen ``__init__``'s
+    ``object.__setattr__`` per field), else the class itself.  The filler is used only when
+    it gives what ``__init__`` gives: every slot holding the very object passed (checked
+    here, once per class, with sentinel values)."""
+    names = tuple(d.name for d in cls._FIELDS)
+    slots = getattr(cls, "__slots__", None)
+    if _native is None or slots is None or tuple(slots) != names or "__dict__" in dir(cls):
+        return cls
+    if names != tuple(d.name for d in dataclasses.fields(cls)):  # type: ignore[arg-type]
+        return cls
+    try:
+        maker: Callable[..., Any] = _native.slot_maker(cls, names)
+        probe = tuple(object() for _ in names)
+        via_init, via_maker = cls(*probe), maker(*probe)
+    except (TypeError, ValueError, SchemaError):
+        return cls
+    for name, value in zip(names, probe, strict=True):
+        if getattr(via_init, name) is not value or getattr(via_maker, name) is not value:
+            return cls
+    return maker
+
+
 def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
     """The fast decoder of ``cls``: Python source generated from the specs, compiled once."""
     g = DecoderSource()
-    keys = g.name(cls.KEYS, "keys")
-    g.emit(f"if type(value) is not dict or value.keys() != {keys}: return None")
+    # The key check admits only dicts without an optional key: one that has it takes the
+    # checked path.
+    const_vars = {key: g.local() for key in cls._CONSTS}
+    field_vars = {d.key: g.local() for d in cls._FIELDS if not d.omit_none}
+    if _native is not None:
+        # One C call checks the key set and reads every value (keys are distinct strings).
+        order = g.name((*const_vars, *field_vars), "keys")
+        fetch = g.name(_native.dict_values, "values")
+        g.emit(f"got = {fetch}(value, {order})")
+        g.emit("if got is None: return None")
+        if const_vars or field_vars:
+            g.emit(f"{', '.join([*const_vars.values(), *field_vars.values()])}, = got")
+    else:
+        keys = g.name(cls.KEYS, "keys")
+        g.emit(f"if type(value) is not dict or value.keys() != {keys}: return None")
+        for key, var in [*const_vars.items(), *field_vars.items()]:
+            g.emit(f"{var} = value[{key!r}]")
     for key, const in cls._CONSTS.items():
-        g.emit(f"if value[{key!r}] != {const!r}: return None")
+        g.emit(f"if {const_vars[key]} != {const!r}: return None")
     args = []
     for d in cls._FIELDS:
         if d.omit_none:
-            # The key check above admits only dicts without the optional key: one that has it
-            # takes the checked path.
             args.append(repr(d.default))
             continue
-        var = g.local()
-        g.emit(f"{var} = value[{d.key!r}]")
+        var = field_vars[d.key]
         d.spec.fast(g, var)
         args.append(var)
-    ctor = g.name(cls, "cls")
+    ctor = g.name(_maker(cls), "cls")
     if cls._SHARED:
-        g.emit(f"key = ({ctor}, {', '.join(args)})")
+        # The memo key names the class, as the checked path's does, so both share one value.
+        g.emit(f"key = ({g.name(cls, 'type')}, {', '.join(args)})")
         g.emit("got = memo.get(key)")
         g.emit(f"if got is None: got = memo[key] = {ctor}({', '.join(args)})")
         g.emit("return got")
@@ -274,7 +315,8 @@ def _compile_decoder(cls: type[SchemaObject]) -> Callable[..., Any]:
         g.emit(f"return {ctor}({', '.join(args)})")
     params = "value, memo" if cls._FAST_MEMO else "value"
     source = f"def decode({params}):\n" + "\n".join(g.lines) + "\n"
-    exec(source, g.env)  # our own generated source
+    # Named per class so that a profile tells the decoders apart.
+    exec(compile(source, f"<{cls.__name__} fast decoder>", "exec"), g.env)  # our own source
     decode: Callable[..., Any] = g.env["decode"]
     decode.__qualname__ = f"{cls.__name__} fast decoder"
     decode.__doc__ = f"{cls.__name__}'s checks for a plain parsed dict, or ``None``.\n\n{source}"
