@@ -29,8 +29,10 @@
  * (finite, > 0), written to out (float64), computed by the same code as the search: a test
  * hook for comparing the error sums themselves with the exact reference, as is
  * f64_to_f16_words(values, out[, lanes]) for the binary16 rounding of the candidates (scalar
- * or four-lane), f16_to_f64_words(words, out) for their four-lane widening, and
- * kernel_path([name]) for running the search on each of its vector paths (below).
+ * or four-lane), f16_to_f64_words(words, out) for their four-lane widening,
+ * kernel_path([name]) for running the search on each of its vector paths (below), and
+ * pruned_errors(x, qmin, qmax, out) for the 16 lane errors of one group as the pruned search
+ * leaves them (+inf where it skipped a lane), for any format.
  *
  * The error of a candidate scale s (docs/encoder-profiles.md "Error of a candidate"): acc = +0;
  * for i = 0, 1, ... in index order: d = RN64(x[i] - s * code[i]), t = RN64(d * d), [weighted:
@@ -96,6 +98,21 @@
  * correction is what cost.)  Replacing the division by a binary32 division was exact too and
  * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
  * back to binary64 costs more than the cheaper division saves).
+ *
+ * Exact pruning (errors_pruned; unweighted, formats with qmax >= PRUNE_QMAX, i.e. W8): lanes
+ * 0..7 (candidates 0..7) are searched first, over the whole group; their smallest error B is a
+ * complete error of a candidate (a lane that is no usable candidate has candidate 0's).  For
+ * each of candidates 8..13 a lower bound L of its error is the largest value's own step, with
+ * the bound max(qmax, -qmin) in place of the value's: its |code| lies between the value's
+ * clamped code and the nearest one, where |amax - c * s| is at most the clamped code's (a convex
+ * function of c, smallest at the nearest code), so L <= t of that value; and the error is at
+ * least every one of its terms (acc = RN64(acc + t) >= RN64(t) = t for acc >= 0, and RN64
+ * addition of non-negative terms never decreases acc).  Where L > B for all six, none of them
+ * can be chosen (its error is above B, so above the minimum), whatever their indices: lanes
+ * 8..15 get +inf and are not searched; otherwise they are searched as usual.  (L >= B would be
+ * as safe here, all six indices being above 0..7, but the rule is written for any order; the
+ * tests hold it to the strict form.)  Below PRUNE_QMAX the bound never removed a candidate on
+ * Gaussian groups, so the one search of 16 lanes stays.
  *
  * Duplicate candidate words are evaluated anyway (their lanes are free in the vector) and lose
  * the tie to the earlier index, as the document's choice rule says.
@@ -267,11 +284,11 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
         acc[v] = acc[v] + t;           /* acc = RN64(acc + t) */                             \
     }
 
-#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, W, CODE, TARGET)                                   \
+#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, W, CODE, TARGET, L)                                \
     INLINE TARGET void NAME(                                                                 \
         const double *ax, const double *bq, const double *w, Py_ssize_t n, const double *s,  \
         const double *r, double *out, const int weighted) {                                  \
-        enum { NV = LANES / (W) };                                                           \
+        enum { NV = (L) / (W) };                                                             \
         VD acc[NV], sv[NV], rv[NV];                                                          \
         const VD zero = {0};                                                                 \
         for (int v = 0; v < NV; v++) {                                                       \
@@ -310,7 +327,12 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
 
 /* Per path: the unweighted and the weighted search, and the codes of the chosen scale. */
 #define DEFINE_PATH(SUFFIX, VD, W, TARGET)                                                   \
-    DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET)          \
+    DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES)   \
+    DEFINE_LANE_ERRORS_IMPL(half_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES / 2) \
+    TARGET static void half_errors_##SUFFIX(const double *ax, const double *bq, Py_ssize_t n, \
+                                            const double *s, const double *r, double *out) { \
+        half_errors_impl_##SUFFIX(ax, bq, NULL, n, s, r, out, 0);                            \
+    }                                                                                        \
     TARGET static void lane_errors_##SUFFIX(const double *ax, const double *bq,              \
                                             const double *w, Py_ssize_t n,                   \
                                             const double *s, const double *r,                \
@@ -356,6 +378,36 @@ static void errors_for(const double *ax, const double *bq, const double *w, Py_s
     if (path == PATH_AVX2) { lane_errors_avx2(ax, bq, w, n, s, r, out); return; }
 #endif
     lane_errors_sse2(ax, bq, w, n, s, r, out);
+}
+
+static void half_errors_for(const double *ax, const double *bq, Py_ssize_t n, const double *s,
+                            const double *r, double *out) {
+#if HAVE_SIMD
+    if (path == PATH_AVX512) { half_errors_avx512(ax, bq, n, s, r, out); return; }
+    if (path == PATH_AVX2) { half_errors_avx2(ax, bq, n, s, r, out); return; }
+#endif
+    half_errors_sse2(ax, bq, n, s, r, out);
+}
+
+/* The unweighted search with the exact pruning of PRUNE_QMAX below: lanes 0..7 (candidates
+ * 0..7) first; then lanes 8..13 (candidates 8..13) only if one of them may still win. */
+static void errors_pruned(const double *ax, const double *bq, Py_ssize_t n, const double *s,
+                          const double *r, double amax, double bmax, double *out) {
+    half_errors_for(ax, bq, n, s, r, out);
+    double best = out[0];
+    for (int l = 1; l < LANES / 2; l++) best = out[l] < best ? out[l] : best;
+    int all_above = 1;
+    for (int l = LANES / 2; l < CANDIDATES; l++) {
+        double c = amax * r[l]; /* the amax value's step with the larger bound bmax */
+        c = ((c < bmax ? c : bmax) + MAGIC) - MAGIC;
+        const double d = amax - c * s[l];
+        all_above &= d * d > best;
+    }
+    if (all_above) {
+        for (int l = LANES / 2; l < LANES; l++) out[l] = (double)INFINITY;
+        return;
+    }
+    half_errors_for(ax, bq, n, s + LANES / 2, r + LANES / 2, out + LANES / 2);
 }
 
 /* |x[i]| and the bound of its code's magnitude, qmax for x[i] >= 0 (and -0), -qmin for x[i] < 0
@@ -502,6 +554,10 @@ INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, in
 /* Groups handled together by encode_block's three phases (where a group has at most
  * CHUNK_VALUES values; one at a time above). */
 #define CHUNK 8
+/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
+ * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
+ * it removed none (Q4..Q6) and the split search only costs. */
+#define PRUNE_QMAX 64
 #define CHUNK_VALUES 1024
 
 /* The whole block, without the GIL.  xd: 3 * chunk * min(group, k) doubles of scratch; wd: k
@@ -527,6 +583,9 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
     const double lo = (double)qmin, hi = (double)qmax;
     candidates cd[CHUNK];
     int live[CHUNK];
+    double amaxd[CHUNK];
+    const int prune = wd == NULL && qmax >= PRUNE_QMAX;
+    const double bmax = qmax > -qmin ? hi : -lo;
     for (Py_ssize_t r = 0; r < n; r++) {
         for (Py_ssize_t g0 = 0; g0 < groups; g0 += chunk) {
             const Py_ssize_t g1 = groups - g0 < chunk ? groups : g0 + chunk;
@@ -601,11 +660,16 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                     }
                 }
                 if (source != 0) split_values(x, b - a, lo, hi, axd + j * gs, bqd + j * gs);
+                amaxd[j] = (double)f32_from_bits(amax_bits);
                 live[j] = 1;
             }
             for (Py_ssize_t g = g0; g < g1; g++) { /* phase 2 */
                 const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
-                if (live[j])
+                if (!live[j]) continue;
+                if (prune)
+                    errors_pruned(axd + j * gs, bqd + j * gs, b - a, cd[j].s, cd[j].r,
+                                  amaxd[j], bmax, cd[j].err);
+                else
                     errors_for(axd + j * gs, bqd + j * gs, wd != NULL ? wd + a : NULL, b - a,
                                cd[j].s, cd[j].r, cd[j].err);
             }
@@ -797,6 +861,53 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *pruned_errors(PyObject *self, PyObject *args) {
+    /* Test hook: the 16 lane errors of one group (n finite binary32 words, not all zero) as
+     * errors_pruned leaves them, whatever the format: +inf for the lanes it skipped. */
+    Py_buffer x, out;
+    int qmin, qmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &x, &qmin, &qmax, &out)) return NULL;
+    const Py_ssize_t n = x.len / 4;
+    const char *why = NULL;
+    double *xd = NULL;
+    if (x.len % 4 || n < 1 || out.len != 8 * LANES)
+        why = "pruned_errors: need n >= 1 binary32 values and 16 float64 outputs";
+    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
+        why = "pruned_errors: need -128 <= qmin < 0 < qmax <= 127";
+    else if ((xd = (double *)PyMem_Malloc((size_t)3 * (size_t)n * sizeof(double))) == NULL) {
+        PyBuffer_Release(&x); PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    uint32_t m = 0;
+    for (Py_ssize_t i = 0; i < n && why == NULL; i++) {
+        uint32_t u;
+        memcpy(&u, (const unsigned char *)x.buf + 4 * i, 4);
+        if ((u & F32_EXP) == F32_EXP) why = "pruned_errors: values must be finite";
+        xd[i] = (double)f32_from_bits(u);
+        m = (u & F32_MAG) > m ? (u & F32_MAG) : m;
+    }
+    candidates cd;
+    float raw = 0.0f;
+    if (why == NULL && m == 0) why = "pruned_errors: the group must not be all zero";
+    if (why == NULL && group_candidates(f32_from_bits(m), qmin, qmax, &cd, &raw))
+        why = "pruned_errors: the canonical scale overflows binary16";
+    if (why == NULL) {
+        const double lo = (double)qmin, hi = (double)qmax;
+        split_values(xd, n, lo, hi, xd + n, xd + 2 * n);
+        errors_pruned(xd + n, xd + 2 * n, n, cd.s, cd.r, (double)f32_from_bits(m),
+                      qmax > -qmin ? hi : -lo, cd.err);
+        memcpy(out.buf, cd.err, sizeof cd.err);
+    }
+    PyMem_Free(xd);
+    PyBuffer_Release(&x); PyBuffer_Release(&out);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
     /* Test hook: finite non-negative binary64 values -> binary16 words, the kernel's rounding:
      * the scalar f64_to_f16_rne (lanes 1) or the four-lane one of the candidates (lanes 4). */
@@ -894,6 +1005,7 @@ static PyMethodDef methods[] = {
     {"kernel_path", kernel_path, METH_VARARGS, "The search's path; selects one (test hook)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
+    {"pruned_errors", pruned_errors, METH_VARARGS, "A group's lane errors after pruning (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
     {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},
     {NULL, NULL, 0, NULL},
