@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -143,15 +144,19 @@ def copy_baseline(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_measured(cmd: list[str]) -> tuple[float, int, str]:
+def run_measured(cmd: list[str]) -> tuple[float, int, str, float]:
+    """Wall seconds, peak RssAnon bytes, stdout and CPU seconds (user + system) of one step."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakRssAnon(proc.pid) as peak:
         out, err = proc.communicate()
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
-    return dt, peak.peak_kib * 1024, out
+    return dt, peak.peak_kib * 1024, out, cpu
 
 
 def main() -> None:
@@ -203,8 +208,8 @@ def main() -> None:
             RECIPE_TEMPLATE.format(fmt=fmt, profile=profile, name=v.replace("/", "-").lower())
         )
     copies: list[float] = []
-    convs: dict[str, list[tuple[float, int, str]]] = {fmt: [] for fmt in formats}
-    vers: dict[str, list[tuple[float, int, str]]] = {fmt: [] for fmt in formats}
+    convs: dict[str, list[tuple[float, int, str, float]]] = {fmt: [] for fmt in formats}
+    vers: dict[str, list[tuple[float, int, str, float]]] = {fmt: [] for fmt in formats}
     # Rounds interleave every step (copy, then convert and verify of each format), so a slow
     # spell of the shared VM hits all of them rather than one step's repeats.
     for _ in range(args.repeat):
@@ -258,6 +263,8 @@ def main() -> None:
             "verify_peak_rss_anon_bytes": peak_ver,
             "convert_seconds_all": [c[0] for c in convs[fmt]],
             "verify_seconds_all": [v[0] for v in vers[fmt]],
+            "convert_cpu_seconds_all": [c[3] for c in convs[fmt]],
+            "verify_cpu_seconds_all": [v[3] for v in vers[fmt]],
             "rss_limit_bytes": limit,
             "artifact_bytes": sum(p.stat().st_size for p in out.iterdir()),
         }
@@ -269,13 +276,19 @@ def main() -> None:
             f"verify {t_ver:.2f} s ({row['verify_vs_convert']:.2f}x convert), "
             f"peak RssAnon {peak_ver / 2**20:.0f} MiB\n"
             f"    all runs: convert {', '.join(f'{c[0]:.2f}' for c in convs[fmt])}; "
-            f"verify {', '.join(f'{v[0]:.2f}' for v in vers[fmt])}"
+            f"verify {', '.join(f'{v[0]:.2f}' for v in vers[fmt])}\n"
+            f"    CPU s (user+sys): convert {', '.join(f'{c[3]:.2f}' for c in convs[fmt])}; "
+            f"verify {', '.join(f'{v[3]:.2f}' for v in vers[fmt])}"
         )
         base = variants[fmt][0]
         if base != fmt:  # same format with the first profile, measured in the same rounds
             t_base = min(c[0] for c in convs[base])
             row["convert_vs_first_profile"] = t_base / t_conv
-            print(f"    convert throughput vs {profiles[0]}: {t_base / t_conv:.2f}x")
+            cpu_base = min(c[3] for c in convs[base])
+            cpu_conv = min(c[3] for c in convs[fmt])
+            row["convert_cpu_vs_first_profile"] = cpu_base / cpu_conv
+            print(f"    convert throughput vs {profiles[0]}: {t_base / t_conv:.2f}x "
+                  f"(in CPU seconds {cpu_base / cpu_conv:.2f}x)")  # fmt: skip
         if not args.keep:
             shutil.rmtree(out)
     if not args.keep:

@@ -29,8 +29,10 @@
  * (finite, > 0), written to out (float64), computed by the same code as the search: a test
  * hook for comparing the error sums themselves with the exact reference, as is
  * f64_to_f16_words(values, out[, lanes]) for the binary16 rounding of the candidates (scalar
- * or four-lane), f16_to_f64_words(words, out) for their four-lane widening, and
- * kernel_path([name]) for running the search on each of its vector paths (below).
+ * or four-lane), f16_to_f64_words(words, out) for their four-lane widening,
+ * kernel_path([name]) for running the search on each of its vector paths (below), and
+ * pruned_errors(x, qmin, qmax, out) for the 16 lane errors of one group as the pruned search
+ * leaves them (+inf where it skipped a lane), for any format.
  *
  * The error of a candidate scale s (docs/encoder-profiles.md "Error of a candidate"): acc = +0;
  * for i = 0, 1, ... in index order: d = RN64(x[i] - s * code[i]), t = RN64(d * d), [weighted:
@@ -71,6 +73,16 @@
  * (GCC does not reassociate binary64 sums without -fassociative-math, refused below).
  * Each lane is its own sequential sum in index order; the lanes never mix.
  *
+ * The sign of x: the search works on |x| and the bound b(x) = qmax for x >= 0 (and -0), -qmin
+ * for x < 0, and forms |code| = min(round_half_even(RN64(|x| * r)), b(x)) and the step
+ * d' = RN64(|x| - |code| * s), t = RN64(d' * d'), which is the document's t bit for bit:
+ * RN64(|x| * r) = |RN64(x * r)| and round half to even is odd-symmetric, so for x < 0 the
+ * document's max(round(y), qmin) (its min with qmax is idle: round(y) <= 0) is
+ * -min(round(|y|), -qmin); for x >= 0 the max with qmin is idle (round(y) >= 0 > qmin); then
+ * d = x - code * s is -d' or d' (RN64 is odd-symmetric) and d * d = d' * d'; for x = +-0 both
+ * give t = +0.  So one clamp instruction per lane instead of two; the bound is a per-value
+ * splat (an embedded broadcast on AVX-512, below).  The stored codes keep the signed form.
+ *
  * The search multiplies by r = RN64(1 / s) instead of dividing (the division was three
  * quarters of the time), and that changes no error sum.  y = RN64(x * r) is within a relative
  * 2^-52 of x / s, while a half-integer h (|h| < 2^8 is all the clamp leaves) that x / s is
@@ -87,6 +99,21 @@
  * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
  * back to binary64 costs more than the cheaper division saves).
  *
+ * Exact pruning (errors_pruned; unweighted, formats with qmax >= PRUNE_QMAX, i.e. W8): lanes
+ * 0..7 (candidates 0..7) are searched first, over the whole group; their smallest error B is a
+ * complete error of a candidate (a lane that is no usable candidate has candidate 0's).  For
+ * each of candidates 8..13 a lower bound L of its error is the largest value's own step, with
+ * the bound max(qmax, -qmin) in place of the value's: its |code| lies between the value's
+ * clamped code and the nearest one, where |amax - c * s| is at most the clamped code's (a convex
+ * function of c, smallest at the nearest code), so L <= t of that value; and the error is at
+ * least every one of its terms (acc = RN64(acc + t) >= RN64(t) = t for acc >= 0, and RN64
+ * addition of non-negative terms never decreases acc).  Where L > B for all six, none of them
+ * can be chosen (its error is above B, so above the minimum), whatever their indices: lanes
+ * 8..15 get +inf and are not searched; otherwise they are searched as usual.  (L >= B would be
+ * as safe here, all six indices being above 0..7, but the rule is written for any order; the
+ * tests hold it to the strict form.)  Below PRUNE_QMAX the bound never removed a candidate on
+ * Gaussian groups, so the one search of 16 lanes stays.
+ *
  * Duplicate candidate words are evaluated anyway (their lanes are free in the vector) and lose
  * the tie to the earlier index, as the document's choice rule says.
  *
@@ -100,6 +127,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -157,21 +185,22 @@ static inline double f16w_to_f64(uint16_t h) {
  * W = 8 (one AVX-512 register) where the CPU has x86-64-v4, W = 4 with AVX2 (one register),
  * and W = 4 on baseline x86-64 (two SSE2 registers; 8-lane vectors are several times slower
  * where GCC has to split them).  The paths run the same operations on every lane and differ
- * only in how a lane's code is formed from y = RN64(x * r) or RN64(x / s):
+ * only in how a lane's code is formed from y = RN64(|x| * r) in the search (|code| in [0, b],
+ * mag_* below) or from y = RN64(x / s) for the stored codes (code in [qmin, qmax], code_*):
  *
- * - baseline: clamp to [qmin, qmax] with compare-and-select (SEL picks by an all-ones /
- *   all-zeros lane mask, on the bits; a macro: no vector ABI), then round half to even with
- *   the 1.5 * 2^52 trick (MAGIC above);
+ * - baseline: clamp with compare-and-select (SEL picks by an all-ones / all-zeros lane mask,
+ *   on the bits; a macro: no vector ABI), then round half to even with the 1.5 * 2^52 trick
+ *   (MAGIC above);
  * - AVX2 and AVX-512: one vroundpd / vrndscalepd in round-to-nearest-even mode (the same RNE
- *   integer as the trick: both are the one correctly rounded integer of y), then vmaxpd with
- *   qmin and vminpd with qmax.  Rounding first and clamping after gives the same integer:
- *   rounding is monotone and the bounds are integers.  vmaxpd / vminpd differ from max / min
- *   only for NaN or for two zeros of opposite sign; y is never NaN and the bounds are not
- *   zero.  A code of -0 (from -1/2 <= y < 0) instead of the trick's +0 changes nothing after
- *   it: c * s is then -0, x - (-0) = x - (+0) = x for x != 0 (and both give +0 or -0 for
- *   x = +-0, whose square is +0).
+ *   integer as the trick: both are the one correctly rounded integer of y), then vminpd with
+ *   b (search), or vmaxpd with qmin and vminpd with qmax (stored codes).  Rounding first and
+ *   clamping after gives the same integer: rounding is monotone and the bounds are integers.
+ *   vmaxpd / vminpd differ from max / min only for NaN or for two zeros of opposite sign; y is
+ *   never NaN and the bounds are not zero.  A stored-code lane of -0 (from -1/2 <= y < 0)
+ *   becomes the int8 0.
  *
- * Three instructions per lane vector where the trick with compare-and-select takes seven. */
+ * Two instructions per lane vector in the search where the trick with compare-and-select
+ * takes five (seven for the signed clamp). */
 typedef double vd4 __attribute__((vector_size(32)));
 typedef int64_t vi4 __attribute__((vector_size(32)));
 typedef double vd8 __attribute__((vector_size(64)));
@@ -186,6 +215,9 @@ static const vd4 MAGIC4 = {MAGIC, MAGIC, MAGIC, MAGIC};
 #define CLAMP_LO4(y, lov) SEL(vi4, vd4, (y) < (lov), (lov), (y))
 #define code_sse2(y, lov, hiv)                                                               \
     ((SEL(vi4, vd4, CLAMP_LO4(y, lov) > (hiv), (hiv), CLAMP_LO4(y, lov)) + MAGIC4) - MAGIC4)
+/* The search's |code| of y >= 0 under the value's bound *bp: min(y, b), then the trick. */
+#define mag_sse2(y, bp)                                                                      \
+    ((SEL(vi4, vd4, (y) > (*(bp) - (vd4){0}), (*(bp) - (vd4){0}), (y)) + MAGIC4) - MAGIC4)
 /* W integral codes in [-128, 127] (a VD) -> W int8 at p (exact conversions). */
 #define store_sse2(p, c)                                                                     \
     do {                                                                                     \
@@ -202,6 +234,9 @@ INLINE TARGET_AVX2 vd4 code_avx2(vd4 y, vd4 lov, vd4 hiv) {
     return (vd4)_mm256_min_pd(_mm256_max_pd(_mm256_round_pd((__m256d)y, RNE_NO_EXC),
                                             (__m256d)lov), (__m256d)hiv);
 }
+INLINE TARGET_AVX2 vd4 mag_avx2(vd4 y, const double *bp) {
+    return (vd4)_mm256_min_pd(_mm256_round_pd((__m256d)y, RNE_NO_EXC), _mm256_broadcast_sd(bp));
+}
 INLINE TARGET_AVX2 void store_avx2(int8_t *p, vd4 c) {
     const __m128i i32 = _mm256_cvtpd_epi32((__m256d)c); /* integral: exact in any mode */
     const __m128i i8 = _mm_packs_epi16(_mm_packs_epi32(i32, i32), _mm_setzero_si128());
@@ -217,6 +252,17 @@ INLINE TARGET_AVX512 vd8 code_avx512(vd8 y, vd8 lov, vd8 hiv) {
     return (vd8)_mm512_min_pd(_mm512_max_pd(_mm512_roundscale_pd((__m512d)y, RNE_NO_EXC),
                                             (__m512d)lov), (__m512d)hiv);
 }
+/* vminpd with the bound as an embedded broadcast ({1to8}) of its memory word: the same
+ * min(round(y), b) as _mm512_min_pd(rounded, splat(b)) (dst = rounded < b ? rounded : b), but
+ * GCC keeps a splat used twice in a register (one vbroadcastsd per value), which measured
+ * 9.5 against 7.7 cycles per value for the whole step on AMD Zen 4 (the notes in
+ * docs/performance.md), so this one instruction is written out. */
+INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
+    const __m512d rounded = _mm512_roundscale_pd((__m512d)y, RNE_NO_EXC);
+    __m512d c;
+    __asm__("vminpd %2%{1to8%}, %1, %0" : "=v"(c) : "v"(rounded), "m"(*bp));
+    return (vd8)c;
+}
 #else
 #define HAVE_SIMD 0
 #endif
@@ -225,35 +271,35 @@ INLINE TARGET_AVX512 vd8 code_avx512(vd8 y, vd8 lov, vd8 hiv) {
  * binary32 values), weighted by w[i] when `weighted`: out[l] = acc as documented above.  Every
  * lane runs the document's statements for its own scale, in index order i = 0, 1, ...; the
  * vector only puts W such sequential sums side by side, so the width changes no operation.
- * x[i] - zero is x[i] itself, -0 included (a splat, no instruction). */
-/* One value's step for every lane vector v, its code formed by CEXPR (of y = RN64(x * r)). */
-#define LANE_STEP(VD, CEXPR)                                                                     \
+ * ax[i] - zero is ax[i] itself (a splat, no instruction). */
+/* One value's step for every lane vector v, its code formed by CEXPR (of y = RN64(|x| * r) and
+ * the value's bound b: qmax for x >= 0, -qmin for x < 0; see "the sign of x" above). */
+#define LANE_STEP(VD, CEXPR)                                                                 \
     for (int v = 0; v < NV; v++) {                                                           \
-        const VD y = xv * rv[v];       /* a half-integer's side only (above) */              \
-        const VD c = CEXPR;                                                                  \
-        const VD d = xv - c * sv[v];   /* c * s exact; d = RN64(x - r) */                    \
+        const VD y = axv * rv[v];      /* a half-integer's side only (above) */              \
+        const VD c = CEXPR;            /* |code| in [0, b] */                                \
+        const VD d = axv - c * sv[v];  /* c * s exact; d = -+RN64(x - r) */                  \
         VD t = d * d;                  /* t = RN64(d * d) */                                 \
         if (weighted) t = wv * t;      /* u = RN64(w * t) */                                 \
         acc[v] = acc[v] + t;           /* acc = RN64(acc + t) */                             \
     }
 
-#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, W, CODE, TARGET)                                   \
+#define DEFINE_LANE_ERRORS_IMPL(NAME, VD, W, CODE, TARGET, L)                                \
     INLINE TARGET void NAME(                                                                 \
-        const double *x, const double *w, Py_ssize_t n, const double *s, double lo,          \
-        double hi, double *out, const int weighted) {                                        \
-        enum { NV = LANES / (W) };                                                           \
+        const double *ax, const double *bq, const double *w, Py_ssize_t n, const double *s,  \
+        const double *r, double *out, const int weighted) {                                  \
+        enum { NV = (L) / (W) };                                                             \
         VD acc[NV], sv[NV], rv[NV];                                                          \
         const VD zero = {0};                                                                 \
-        const VD lov = zero + lo, hiv = zero + hi;                                           \
         for (int v = 0; v < NV; v++) {                                                       \
             memcpy(&sv[v], s + v * (W), sizeof sv[v]);                                       \
-            rv[v] = (zero + 1.0) / sv[v]; /* RN64(1 / s), once per group */                  \
-            acc[v] = zero;                /* +0 */                                           \
+            memcpy(&rv[v], r + v * (W), sizeof rv[v]); /* RN64(1 / s) */                     \
+            acc[v] = zero;                              /* +0 */                             \
         }                                                                                    \
         for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-            const VD xv = x[i] - zero;                                                       \
+            const VD axv = ax[i] - zero; /* a splat (x - 0 is x) */                          \
             const VD wv = zero + (weighted ? w[i] : 1.0);                                    \
-            LANE_STEP(VD, CODE(y, lov, hiv))                                                 \
+            LANE_STEP(VD, CODE(y, bq + i))                                                   \
         }                                                                                    \
         for (int v = 0; v < NV; v++) memcpy(out + v * (W), &acc[v], sizeof acc[v]);         \
     }
@@ -281,12 +327,18 @@ INLINE TARGET_AVX512 vd8 code_avx512(vd8 y, vd8 lov, vd8 hiv) {
 
 /* Per path: the unweighted and the weighted search, and the codes of the chosen scale. */
 #define DEFINE_PATH(SUFFIX, VD, W, TARGET)                                                   \
-    DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, code_##SUFFIX, TARGET)         \
-    TARGET static void lane_errors_##SUFFIX(const double *x, const double *w, Py_ssize_t n, \
-                                            const double *s, double lo, double hi,           \
+    DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES)   \
+    DEFINE_LANE_ERRORS_IMPL(half_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES / 2) \
+    TARGET static void half_errors_##SUFFIX(const double *ax, const double *bq, Py_ssize_t n, \
+                                            const double *s, const double *r, double *out) { \
+        half_errors_impl_##SUFFIX(ax, bq, NULL, n, s, r, out, 0);                            \
+    }                                                                                        \
+    TARGET static void lane_errors_##SUFFIX(const double *ax, const double *bq,              \
+                                            const double *w, Py_ssize_t n,                   \
+                                            const double *s, const double *r,                \
                                             double *out) {                                   \
-        if (w == NULL) lane_errors_impl_##SUFFIX(x, NULL, n, s, lo, hi, out, 0);             \
-        else lane_errors_impl_##SUFFIX(x, w, n, s, lo, hi, out, 1);                          \
+        if (w == NULL) lane_errors_impl_##SUFFIX(ax, bq, NULL, n, s, r, out, 0);             \
+        else lane_errors_impl_##SUFFIX(ax, bq, w, n, s, r, out, 1);                          \
     }                                                                                        \
     DEFINE_GROUP_CODES(group_codes_##SUFFIX, VD, W, code_##SUFFIX, store_##SUFFIX, TARGET)
 
@@ -318,13 +370,54 @@ static int path_available(int p) {
     return p == PATH_SSE2;
 }
 
-static void errors_for(const double *x, const double *w, Py_ssize_t n, const double *s,
-                       double lo, double hi, double *out) {
+/* The search over one group: ax, bq from split_values, s and r = RN64(1 / s) per lane. */
+static void errors_for(const double *ax, const double *bq, const double *w, Py_ssize_t n,
+                       const double *s, const double *r, double *out) {
 #if HAVE_SIMD
-    if (path == PATH_AVX512) { lane_errors_avx512(x, w, n, s, lo, hi, out); return; }
-    if (path == PATH_AVX2) { lane_errors_avx2(x, w, n, s, lo, hi, out); return; }
+    if (path == PATH_AVX512) { lane_errors_avx512(ax, bq, w, n, s, r, out); return; }
+    if (path == PATH_AVX2) { lane_errors_avx2(ax, bq, w, n, s, r, out); return; }
 #endif
-    lane_errors_sse2(x, w, n, s, lo, hi, out);
+    lane_errors_sse2(ax, bq, w, n, s, r, out);
+}
+
+static void half_errors_for(const double *ax, const double *bq, Py_ssize_t n, const double *s,
+                            const double *r, double *out) {
+#if HAVE_SIMD
+    if (path == PATH_AVX512) { half_errors_avx512(ax, bq, n, s, r, out); return; }
+    if (path == PATH_AVX2) { half_errors_avx2(ax, bq, n, s, r, out); return; }
+#endif
+    half_errors_sse2(ax, bq, n, s, r, out);
+}
+
+/* The unweighted search with the exact pruning of PRUNE_QMAX below: lanes 0..7 (candidates
+ * 0..7) first; then lanes 8..13 (candidates 8..13) only if one of them may still win. */
+static void errors_pruned(const double *ax, const double *bq, Py_ssize_t n, const double *s,
+                          const double *r, double amax, double bmax, double *out) {
+    half_errors_for(ax, bq, n, s, r, out);
+    double best = out[0];
+    for (int l = 1; l < LANES / 2; l++) best = out[l] < best ? out[l] : best;
+    int all_above = 1;
+    for (int l = LANES / 2; l < CANDIDATES; l++) {
+        double c = amax * r[l]; /* the amax value's step with the larger bound bmax */
+        c = ((c < bmax ? c : bmax) + MAGIC) - MAGIC;
+        const double d = amax - c * s[l];
+        all_above &= d * d > best;
+    }
+    if (all_above) {
+        for (int l = LANES / 2; l < LANES; l++) out[l] = (double)INFINITY;
+        return;
+    }
+    half_errors_for(ax, bq, n, s + LANES / 2, r + LANES / 2, out + LANES / 2);
+}
+
+/* |x[i]| and the bound of its code's magnitude, qmax for x[i] >= 0 (and -0), -qmin for x[i] < 0
+ * (the search's inputs; the sign of x is explained in the header). */
+static inline void split_values(const double *x, Py_ssize_t n, double lo, double hi, double *ax,
+                                double *bq) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ax[i] = fabs(x[i]);
+        bq[i] = x[i] < 0 ? -lo : hi;
+    }
 }
 
 static void codes_for(const double *x, Py_ssize_t n, double sb, double lo, double hi,
@@ -358,15 +451,36 @@ INLINE vd4 f16_to_f64_4(vu4 h) {
     return SEL(vi4, vd4, (vi4)e == 0, sub, normal);
 }
 
-/* One finite group x[0..n) whose largest magnitude is the binary32 amaxf > 0.  Writes the
- * chosen scale word and codes; returns 2 (and the raw binary32 scale) where the canonical
- * scale overflows binary16, else 0.  The candidates are formed four lanes at a time: lane j
- * divides num[j] by den[j], the same binary64 division as the scalar expressions of the
- * document (candidate 0: the binary32 quotient over 1, exact; candidate 1: amax / |qmin|;
- * 2..13: (amax * 32) / (qmax * c); lanes 14 and 15 copy lane 0). */
-INLINE int encode_group(const double *x, const double *w, Py_ssize_t n, float amaxf, int qmin,
-                        int qmax, uint16_t *scale_out, int8_t *codes, float *raw_out,
-                        double *st) {
+/* A group's candidates: their binary16 words, binary64 values and reciprocals RN64(1 / s) per
+ * lane (the search's), and the search's error sums.  A lane that is not a usable candidate
+ * (the padding lanes 14 and 15, an infinite candidate) searches candidate 0's scale, so its
+ * error equals lane 0's and, with a larger index, it loses every tie: it is never chosen. */
+typedef struct {
+    double s[LANES], r[LANES];
+    uint16_t s16[LANES];
+    double err[LANES]; /* last: CANDIDATE_BYTES are the fields that depend on amax only */
+} candidates;
+#define CANDIDATE_BYTES offsetof(candidates, err)
+
+/* Candidates already formed in this block, by the binary32 bits of amax (qmin and qmax are the
+ * block's): a group's candidates are a function of those bits alone, so a group whose amax was
+ * seen before copies them instead of forming them again, the same bytes.  Direct-mapped by a
+ * multiplicative hash; key 0 is an empty slot (an all-zero group never asks), and only groups
+ * whose canonical scale is finite are stored, so an overflowing one always forms (and refuses)
+ * its own.  Used for BF16 and binary16 sources, whose maxima repeat (a BF16 binade has 128
+ * values); binary32 maxima rarely do. */
+#define MEMO_BITS 8
+typedef struct {
+    uint32_t key[1 << MEMO_BITS];
+    candidates c[1 << MEMO_BITS];
+} candidate_memo;
+
+/* The candidates of a finite group whose largest magnitude is the binary32 amaxf > 0; returns 2
+ * (and the raw binary32 scale) where the canonical scale overflows binary16, else 0.  They are
+ * formed four lanes at a time: lane j divides num[j] by den[j], the same binary64 division as
+ * the scalar expressions of the document (candidate 0: the binary32 quotient over 1, exact;
+ * candidate 1: amax / |qmin|; 2..13: (amax * 32) / (qmax * c); lanes 14 and 15 copy lane 0). */
+INLINE int group_candidates(float amaxf, int qmin, int qmax, candidates *cd, float *raw_out) {
     const float raw = amaxf / (float)qmax; /* Section 7: one binary32 division */
     const uint16_t h0 = f64_to_f16_rne((double)raw);
     if (h0 == F16_INF) { *raw_out = raw; return 2; }
@@ -377,9 +491,6 @@ INLINE int encode_group(const double *x, const double *w, Py_ssize_t n, float am
     den[0] = den[14] = den[15] = 1.0;
     den[1] = (double)(-qmin);
     for (int j = 2; j < CANDIDATES; j++) den[j] = (double)(qmax * (27 + j)); /* c = 29..40 */
-    uint16_t s16[LANES];
-    double s[LANES];
-    int usable[LANES];
     for (int v = 0; v < LANES / 4; v++) {
         vd4 nv, dv;
         memcpy(&nv, num + 4 * v, sizeof nv);
@@ -387,23 +498,31 @@ INLINE int encode_group(const double *x, const double *w, Py_ssize_t n, float am
         vu4 h = f64_to_f16_rne4(nv / dv);
         h = (vu4)SEL(vi4, vd4, (vi4)h == 0, ((vu4){1, 1, 1, 1}), h); /* the 2^-24 rescue */
         const vd4 sv = f16_to_f64_4(h);
-        for (int l = 0; l < 4; l++) s16[4 * v + l] = (uint16_t)h[l];
-        memcpy(s + 4 * v, &sv, sizeof sv);
+        for (int l = 0; l < 4; l++) cd->s16[4 * v + l] = (uint16_t)h[l];
+        memcpy(cd->s + 4 * v, &sv, sizeof sv);
     }
-    const double s0 = s[0];
-    for (int j = 0; j < LANES; j++) {
-        usable[j] = j < CANDIDATES && s16[j] != F16_INF;
-        if (s16[j] == F16_INF) s[j] = s0; /* an infinite candidate is never chosen */
+    const double s0 = cd->s[0];
+    for (int j = 0; j < LANES; j++)
+        if (cd->s16[j] == F16_INF) cd->s[j] = s0; /* never chosen (above) */
+    for (int v = 0; v < LANES / 4; v++) {
+        vd4 sv;
+        memcpy(&sv, cd->s + 4 * v, sizeof sv);
+        const vd4 rv = ((vd4){1.0, 1.0, 1.0, 1.0}) / sv; /* RN64(1 / s) */
+        memcpy(cd->r + 4 * v, &rv, sizeof rv);
     }
-    double err[LANES];
-    const double lo = (double)qmin, hi = (double)qmax;
-    errors_for(x, w, n, s, lo, hi, err);
-    /* The smallest error among the usable candidates, and the first index that has it (the
-     * document's rule: a later candidate must be strictly smaller), by a tree of minima and a
-     * bit mask instead of one long chain of compares: the minimum of a set does not depend on
-     * the order it is taken in, and errors are never NaN. */
-    double e[LANES];
-    for (int j = 0; j < LANES; j++) e[j] = usable[j] ? err[j] : (double)INFINITY;
+    return 0;
+}
+
+/* The choice among a searched group's candidates, its stored codes and scale word, and verify's
+ * statistics (st, when not NULL). */
+INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, int qmin, int qmax,
+                         uint16_t *scale_out, int8_t *codes, double *st) {
+    /* The smallest error among the candidates, and the first index that has it (the document's
+     * rule: a later candidate must be strictly smaller), by a tree of minima and a bit mask
+     * instead of one long chain of compares: the minimum of a set does not depend on the order
+     * it is taken in, and errors are never NaN.  The lanes that are no usable candidate have
+     * lane 0's error (see `candidates`), so the first index never lands on one. */
+    const double *const e = cd->err;
     double m = e[0];
     {
         vd4 e4[4];
@@ -416,88 +535,149 @@ INLINE int encode_group(const double *x, const double *w, Py_ssize_t n, float am
     }
     unsigned hits = 0;
     for (int j = 0; j < LANES; j++) hits |= (unsigned)(e[j] == m) << j;
-    const int best = __builtin_ctz(hits); /* usable[0] holds, so hits != 0 */
-    const double sb = s[best];
-    codes_for(x, n, sb, lo, hi, codes);
+    const int best = __builtin_ctz(hits); /* hits != 0: m is one of the errors */
+    const double sb = cd->s[best];
+    codes_for(x, n, sb, (double)qmin, (double)qmax, codes);
     if (st != NULL) { /* verify's statistics: e = x - s * q is exact (see the contract) */
-        double m = st[0], se = st[1], sx = st[2];
+        double mx = st[0], se = st[1], sx = st[2];
         for (Py_ssize_t i = 0; i < n; i++) {
-            const double e = x[i] - (double)codes[i] * sb, ae = e < 0 ? -e : e;
-            m = ae > m ? ae : m;
-            se = se + e * e;
+            const double ei = x[i] - (double)codes[i] * sb, ae = ei < 0 ? -ei : ei;
+            mx = ae > mx ? ae : mx;
+            se = se + ei * ei;
             sx = sx + x[i] * x[i];
         }
-        st[0] = m; st[1] = se; st[2] = sx;
+        st[0] = mx; st[1] = se; st[2] = sx;
     }
-    *scale_out = s16[best];
-    return 0;
+    *scale_out = cd->s16[best];
 }
 
-/* The whole block, without the GIL.  xd: `group` doubles of scratch; wd: k widened weights or
- * NULL.  Returns 0, 1 (non-finite at bad_row, bad_col) or 2 (overflow at bad_row, group
- * bad_col, raw scale bad_raw). */
+/* Groups handled together by encode_block's three phases (where a group has at most
+ * CHUNK_VALUES values; one at a time above). */
+#define CHUNK 8
+/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
+ * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
+ * it removed none (Q4..Q6) and the split search only costs. */
+#define PRUNE_QMAX 64
+#define CHUNK_VALUES 1024
+
+/* The whole block, without the GIL.  xd: 3 * chunk * min(group, k) doubles of scratch; wd: k
+ * widened weights or NULL.  Returns 0, 1 (non-finite at bad_row, bad_col) or 2 (overflow at
+ * bad_row, group bad_col, raw scale bad_raw).
+ *
+ * A row's groups go `chunk` at a time through three phases: (1) in group order, read and check
+ * the values (the first refusal in row-major order is returned before anything after it is
+ * looked at) and form the candidates; (2) the search of each group; (3) in group order, the
+ * choice, the stored codes and the statistics (so their sums keep row and index order).  Every
+ * group's arithmetic is the same as one group at a time; the phases only let the processor
+ * overlap one group's chain of dependent steps around the search (the maximum, the candidate
+ * divisions and roundings, the reciprocals; the choice and the codes' divisions) with the
+ * next group's, which the search's long loop in between kept apart. */
 CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ssize_t k, int group,
-                        Py_ssize_t groups, int qmin, int qmax, const double *wd, double *xd,
-                        int8_t *out, uint16_t *sc, Py_ssize_t *bad_row, Py_ssize_t *bad_col,
-                        float *bad_raw, double *st) {
+                        Py_ssize_t groups, int chunk, int qmin, int qmax, const double *wd,
+                        double *xd, candidate_memo *memo, int8_t *out, uint16_t *sc,
+                        Py_ssize_t *bad_row, Py_ssize_t *bad_col, float *bad_raw, double *st) {
     const uint16_t *w16 = (const uint16_t *)wbuf;
     const uint32_t *w32 = (const uint32_t *)wbuf;
+    const Py_ssize_t gs = group < k ? group : k; /* scratch values per group */
+    double *const axd = xd + chunk * gs, *const bqd = axd + chunk * gs;
+    const double lo = (double)qmin, hi = (double)qmax;
+    candidates cd[CHUNK];
+    int live[CHUNK];
+    double amaxd[CHUNK];
+    const int prune = wd == NULL && qmax >= PRUNE_QMAX;
+    const double bmax = qmax > -qmin ? hi : -lo;
     for (Py_ssize_t r = 0; r < n; r++) {
-        for (Py_ssize_t g = 0; g < groups; g++) {
-            const Py_ssize_t a = g * group, b = a + group < k ? a + group : k;
-            /* Sign-cleared words: unsigned order is the order of |x|, inf/NaN above all. */
-            uint32_t amax_bits = 0; /* binary32 bits of the largest |x| */
-            if (source == 1) {
-                const uint32_t *p = w32 + r * k;
-                uint32_t m = 0;
-                for (Py_ssize_t i = a; i < b; i++) {
-                    uint32_t v = p[i] & F32_MAG;
-                    m = v > m ? v : m;
-                    xd[i - a] = (double)f32_from_bits(p[i]);
-                }
-                if (m >= F32_EXP) {
-                    for (Py_ssize_t i = a; i < b; i++)
-                        if ((p[i] & F32_EXP) == F32_EXP) { *bad_col = i; break; }
-                    *bad_row = r;
-                    return 1;
-                }
-                amax_bits = m;
-            } else {
-                const uint16_t *p = w16 + r * k;
-                const uint32_t inf = source == 0 ? BF16_EXP : F16_EXP;
-                uint32_t m = 0;
-                for (Py_ssize_t i = a; i < b; i++) {
-                    uint32_t v = p[i] & BF16_MAG; /* = F16_MAG */
-                    m = v > m ? v : m;
-                }
-                if (m >= inf) {
-                    for (Py_ssize_t i = a; i < b; i++)
-                        if ((p[i] & inf) == inf) { *bad_col = i; break; }
-                    *bad_row = r;
-                    return 1;
-                }
-                if (source == 0) {
-                    for (Py_ssize_t i = a; i < b; i++)
-                        xd[i - a] = (double)f32_from_bits((uint32_t)p[i] << 16);
-                    amax_bits = m << 16;
+        for (Py_ssize_t g0 = 0; g0 < groups; g0 += chunk) {
+            const Py_ssize_t g1 = groups - g0 < chunk ? groups : g0 + chunk;
+            for (Py_ssize_t g = g0; g < g1; g++) { /* phase 1 */
+                const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
+                double *const x = xd + j * gs;
+                live[j] = 0;
+                /* Sign-cleared words: unsigned order is the order of |x|, inf/NaN above all. */
+                uint32_t amax_bits = 0; /* binary32 bits of the largest |x| */
+                if (source == 1) {
+                    const uint32_t *p = w32 + r * k;
+                    uint32_t m = 0;
+                    for (Py_ssize_t i = a; i < b; i++) {
+                        uint32_t v = p[i] & F32_MAG;
+                        m = v > m ? v : m;
+                        x[i - a] = (double)f32_from_bits(p[i]);
+                    }
+                    if (m >= F32_EXP) {
+                        for (Py_ssize_t i = a; i < b; i++)
+                            if ((p[i] & F32_EXP) == F32_EXP) { *bad_col = i; break; }
+                        *bad_row = r;
+                        return 1;
+                    }
+                    amax_bits = m;
                 } else {
-                    for (Py_ssize_t i = a; i < b; i++) xd[i - a] = f16w_to_f64(p[i]);
-                    double am = f16_to_f64((uint16_t)m);
-                    float amf = (float)am; /* exact: binary16 values are binary32 values */
-                    memcpy(&amax_bits, &amf, 4);
+                    const uint16_t *p = w16 + r * k;
+                    const uint32_t inf = source == 0 ? BF16_EXP : F16_EXP;
+                    uint32_t m = 0;
+                    for (Py_ssize_t i = a; i < b; i++) {
+                        uint32_t v = p[i] & BF16_MAG; /* = F16_MAG */
+                        m = v > m ? v : m;
+                    }
+                    if (m >= inf) {
+                        for (Py_ssize_t i = a; i < b; i++)
+                            if ((p[i] & inf) == inf) { *bad_col = i; break; }
+                        *bad_row = r;
+                        return 1;
+                    }
+                    if (source == 0) { /* widened and split (split_values) in one pass */
+                        double *const ax = axd + j * gs, *const bq = bqd + j * gs;
+                        for (Py_ssize_t i = a; i < b; i++) {
+                            const double v = (double)f32_from_bits((uint32_t)p[i] << 16);
+                            x[i - a] = v;
+                            ax[i - a] = fabs(v);
+                            bq[i - a] = v < 0 ? -lo : hi;
+                        }
+                        amax_bits = m << 16;
+                    } else {
+                        for (Py_ssize_t i = a; i < b; i++) x[i - a] = f16w_to_f64(p[i]);
+                        double am = f16_to_f64((uint16_t)m);
+                        float amf = (float)am; /* exact: binary16 values are binary32 values */
+                        memcpy(&amax_bits, &amf, 4);
+                    }
                 }
+                if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes, zero error */
+                    sc[r * groups + g] = 0;
+                    memset(out + r * k + a, 0, (size_t)(b - a));
+                    continue;
+                }
+                const uint32_t slot = (amax_bits * 0x9E3779B1u) >> (32 - MEMO_BITS);
+                if (memo != NULL && memo->key[slot] == amax_bits) {
+                    memcpy(&cd[j], &memo->c[slot], CANDIDATE_BYTES);
+                } else {
+                    float raw = 0.0f;
+                    if (group_candidates(f32_from_bits(amax_bits), qmin, qmax, &cd[j], &raw)) {
+                        *bad_row = r; *bad_col = g; *bad_raw = raw;
+                        return 2;
+                    }
+                    if (memo != NULL) {
+                        memo->key[slot] = amax_bits;
+                        memcpy(&memo->c[slot], &cd[j], CANDIDATE_BYTES);
+                    }
+                }
+                if (source != 0) split_values(x, b - a, lo, hi, axd + j * gs, bqd + j * gs);
+                amaxd[j] = (double)f32_from_bits(amax_bits);
+                live[j] = 1;
             }
-            int8_t *c = out + r * k + a;
-            if (amax_bits == 0) { /* all-zero group: +0 scale, zero codes, zero error */
-                sc[r * groups + g] = 0;
-                memset(c, 0, (size_t)(b - a));
-                continue;
+            for (Py_ssize_t g = g0; g < g1; g++) { /* phase 2 */
+                const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
+                if (!live[j]) continue;
+                if (prune)
+                    errors_pruned(axd + j * gs, bqd + j * gs, b - a, cd[j].s, cd[j].r,
+                                  amaxd[j], bmax, cd[j].err);
+                else
+                    errors_for(axd + j * gs, bqd + j * gs, wd != NULL ? wd + a : NULL, b - a,
+                               cd[j].s, cd[j].r, cd[j].err);
             }
-            float raw = 0.0f;
-            if (encode_group(xd, wd != NULL ? wd + a : NULL, b - a, f32_from_bits(amax_bits),
-                             qmin, qmax, &sc[r * groups + g], c, &raw, st)) {
-                *bad_row = r; *bad_col = g; *bad_raw = raw;
-                return 2;
+            for (Py_ssize_t g = g0; g < g1; g++) { /* phase 3 */
+                const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
+                if (live[j])
+                    finish_group(xd + j * gs, b - a, &cd[j], qmin, qmax, &sc[r * groups + g],
+                                 out + r * k + a, st);
             }
         }
     }
@@ -552,12 +732,16 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         else if (have_st && stats.len != 3 * (Py_ssize_t)sizeof(double))
             why = "encode_rows: stats must be three float64 (or None)";
     }
-    /* Scratch (allocated with the GIL, as PyMem_Malloc requires): one group of values, the
+    /* Scratch (allocated with the GIL, as PyMem_Malloc requires): a chunk of groups' values,
+     * their magnitudes and bounds and, after them, the candidate memo (encode_block), the
      * widened weights, and an aligned copy of a misaligned input. */
     double *xd = NULL, *wd = NULL;
     void *aligned = NULL;
+    const Py_ssize_t gs = group < k ? group : k;
+    const int chunk = gs <= CHUNK_VALUES ? CHUNK : 1;
     if (why == NULL) {
-        xd = (double *)PyMem_Malloc((size_t)group * sizeof(double));
+        xd = (double *)PyMem_Malloc((size_t)3 * (size_t)chunk * (size_t)gs * sizeof(double) +
+                                    (source != 1 ? sizeof(candidate_memo) : 0));
         wd = have_w ? (double *)PyMem_Malloc((size_t)k * sizeof(double)) : NULL;
         if ((uintptr_t)words.buf % (uintptr_t)b.wsize != 0)
             aligned = PyMem_Malloc(b.wbytes > 0 ? (size_t)b.wbytes : 1);
@@ -584,12 +768,17 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
         memcpy(aligned, words.buf, (size_t)b.wbytes);
         wbuf = aligned;
     }
+    candidate_memo *memo = NULL; /* BF16 and binary16 only (candidate_memo) */
+    if (source != 1) {
+        memo = (candidate_memo *)(void *)(xd + (size_t)3 * (size_t)chunk * (size_t)gs);
+        memset(memo->key, 0, sizeof memo->key);
+    }
     int kind;
     Py_ssize_t bad_row = 0, bad_col = 0;
     float bad_raw = 0.0f;
     double st[3] = {0.0, 0.0, 0.0};
     Py_BEGIN_ALLOW_THREADS
-    kind = encode_block(wbuf, source, n, k, group, b.groups, qmin, qmax, wd, xd,
+    kind = encode_block(wbuf, source, n, k, group, b.groups, chunk, qmin, qmax, wd, xd, memo,
                         (int8_t *)codes.buf, (uint16_t *)scales.buf, &bad_row, &bad_col,
                         &bad_raw, have_st ? st : NULL);
     Py_END_ALLOW_THREADS
@@ -622,7 +811,7 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
     else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
         why = "group_errors: need -128 <= qmin < 0 < qmax <= 127";
     else {
-        xd = (double *)PyMem_Malloc((size_t)n * sizeof(double));
+        xd = (double *)PyMem_Malloc((size_t)3 * (size_t)n * sizeof(double));
         wd = have_w ? (double *)PyMem_Malloc((size_t)n * sizeof(double)) : NULL;
         if (xd == NULL || (have_w && wd == NULL)) {
             PyMem_Free(xd); PyMem_Free(wd);
@@ -647,14 +836,17 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
         }
     }
     if (why == NULL) {
-        double s[LANES], err[LANES];
+        double s[LANES], rs[LANES], err[LANES];
+        double *const ax = xd + n, *const bq = ax + n;
+        split_values(xd, n, (double)qmin, (double)qmax, ax, bq);
         for (Py_ssize_t j0 = 0; j0 < m; j0 += LANES) {
             for (int l = 0; l < LANES; l++) {
                 uint16_t h;
                 memcpy(&h, (const unsigned char *)scales.buf + 2 * (j0 + (j0 + l < m ? l : 0)), 2);
                 s[l] = f16_to_f64(h);
+                rs[l] = 1.0 / s[l]; /* RN64(1 / s), as group_candidates */
             }
-            errors_for(xd, wd, n, s, (double)qmin, (double)qmax, err);
+            errors_for(ax, bq, wd, n, s, rs, err);
             for (int l = 0; l < LANES && j0 + l < m; l++)
                 memcpy((unsigned char *)out.buf + 8 * (j0 + l), &err[l], 8);
         }
@@ -662,6 +854,53 @@ static PyObject *group_errors(PyObject *self, PyObject *args) {
     PyMem_Free(xd); PyMem_Free(wd);
     PyBuffer_Release(&x); PyBuffer_Release(&scales); PyBuffer_Release(&out);
     if (have_w) PyBuffer_Release(&weights);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *pruned_errors(PyObject *self, PyObject *args) {
+    /* Test hook: the 16 lane errors of one group (n finite binary32 words, not all zero) as
+     * errors_pruned leaves them, whatever the format: +inf for the lanes it skipped. */
+    Py_buffer x, out;
+    int qmin, qmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &x, &qmin, &qmax, &out)) return NULL;
+    const Py_ssize_t n = x.len / 4;
+    const char *why = NULL;
+    double *xd = NULL;
+    if (x.len % 4 || n < 1 || out.len != 8 * LANES)
+        why = "pruned_errors: need n >= 1 binary32 values and 16 float64 outputs";
+    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
+        why = "pruned_errors: need -128 <= qmin < 0 < qmax <= 127";
+    else if ((xd = (double *)PyMem_Malloc((size_t)3 * (size_t)n * sizeof(double))) == NULL) {
+        PyBuffer_Release(&x); PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    uint32_t m = 0;
+    for (Py_ssize_t i = 0; i < n && why == NULL; i++) {
+        uint32_t u;
+        memcpy(&u, (const unsigned char *)x.buf + 4 * i, 4);
+        if ((u & F32_EXP) == F32_EXP) why = "pruned_errors: values must be finite";
+        xd[i] = (double)f32_from_bits(u);
+        m = (u & F32_MAG) > m ? (u & F32_MAG) : m;
+    }
+    candidates cd;
+    float raw = 0.0f;
+    if (why == NULL && m == 0) why = "pruned_errors: the group must not be all zero";
+    if (why == NULL && group_candidates(f32_from_bits(m), qmin, qmax, &cd, &raw))
+        why = "pruned_errors: the canonical scale overflows binary16";
+    if (why == NULL) {
+        const double lo = (double)qmin, hi = (double)qmax;
+        split_values(xd, n, lo, hi, xd + n, xd + 2 * n);
+        errors_pruned(xd + n, xd + 2 * n, n, cd.s, cd.r, (double)f32_from_bits(m),
+                      qmax > -qmin ? hi : -lo, cd.err);
+        memcpy(out.buf, cd.err, sizeof cd.err);
+    }
+    PyMem_Free(xd);
+    PyBuffer_Release(&x); PyBuffer_Release(&out);
     if (why != NULL) {
         PyErr_SetString(PyExc_ValueError, why);
         return NULL;
@@ -766,6 +1005,7 @@ static PyMethodDef methods[] = {
     {"kernel_path", kernel_path, METH_VARARGS, "The search's path; selects one (test hook)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
+    {"pruned_errors", pruned_errors, METH_VARARGS, "A group's lane errors after pruning (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
     {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},
     {NULL, NULL, 0, NULL},
