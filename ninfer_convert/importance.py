@@ -1,4 +1,5 @@
-"""Importance vectors of MSE_F16_SEARCH_IW_V1: the file format, reading, writing, digests.
+"""Importance vectors of MSE_F16_SEARCH_IW_V1 and GPTQ_F16_SEARCH_IW_V1: the file format,
+reading, writing, digests (the compensation factors of the latter: :mod:`.factors`).
 
 Contract (docs/recipes.md "Importance", docs/container.md section 4.10): an importance file is
 a safetensors file whose tensors are one-dimensional ``F32`` vectors keyed by the *source*
@@ -42,6 +43,7 @@ __all__ = [
     "ImportanceSet",
     "attach_importance",
     "check_importance_output",
+    "f32_file_size",
     "importance_bytes",
     "load_importance",
     "needs_importance",
@@ -73,10 +75,12 @@ def needs_importance(entry: PlanEntry) -> bool:
     return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).importance
 
 
-def _vector_for(entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]]) -> str | None:
+def _vector_for(
+    entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]], what: str = "importance vector"
+) -> str | None:
     """The importance-file name whose vector belongs to ``entry``: its own output name, else,
     for a row concat (axis 0 of rank-two inputs: every part has the same K columns), the
-    sources' names when all of them hold byte-identical vectors."""
+    sources' names when all of them hold byte-identical vectors (factors: the same)."""
     if entry.output in vectors:
         return entry.output
     names = [s.name for s in entry.sources]
@@ -85,10 +89,10 @@ def _vector_for(entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]])
         if all(np.array_equal(vectors[n], first) for n in names[1:]):
             return names[0]
         raise RecipeError(
-            f"tensor {entry.output}: its sources have different importance vectors "
-            f"({', '.join(names)}), so no single vector covers its columns",
+            f"tensor {entry.output}: its sources have different {what}s "
+            f"({', '.join(names)}), so no single {what} covers its columns",
             rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
-            hint=f"add a vector named {entry.output!r} to the importance file",
+            hint=f"add an entry named {entry.output!r} to the file",
         )
     return None
 
@@ -177,19 +181,44 @@ def importance_bytes(
 ) -> bytes:
     """A safetensors file of the vectors: names sorted, data in that order, the JSON header
     compact with sorted keys and padded with spaces to a multiple of 8 bytes."""
+    return _f32_file_bytes({k: np.asarray(v).reshape(-1) for k, v in vectors.items()}, metadata)
+
+
+def f32_file_size(arrays: Mapping[str, npt.NDArray[np.uint32]]) -> int:
+    """``len(factor_bytes(arrays))`` (or of :func:`importance_bytes` for vectors) without
+    building the data: what the converter plans for the side file."""
+    text = _f32_header(arrays, None)
+    return 8 + len(text) + 4 * sum(int(np.asarray(a).size) for a in arrays.values())
+
+
+def _f32_header(
+    arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
+) -> bytes:
     header: dict[str, object] = {}
     offset = 0
-    names = sorted(vectors)
+    names = sorted(arrays)
     for name in names:
-        n = int(np.asarray(vectors[name]).size)
-        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [offset, offset + 4 * n]}
+        a = np.asarray(arrays[name])
+        n = int(a.size)
+        header[name] = {
+            "dtype": "F32",
+            "shape": [int(d) for d in a.shape],
+            "data_offsets": [offset, offset + 4 * n],
+        }
         offset += 4 * n
     if metadata:
         header["__metadata__"] = dict(metadata)
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    text += b" " * (-len(text) % 8)
+    return text + b" " * (-len(text) % 8)
+
+
+def _f32_file_bytes(
+    arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
+) -> bytes:
+    names = sorted(arrays)
+    text = _f32_header(arrays, metadata)
     body = b"".join(
-        np.ascontiguousarray(vectors[name], dtype="<u4").reshape(-1).tobytes() for name in names
+        np.ascontiguousarray(arrays[name], dtype="<u4").reshape(-1).tobytes() for name in names
     )
     return struct.pack("<Q", len(text)) + text + body
 
@@ -203,17 +232,20 @@ def write_importance_file(
     interrupted write leaves only ``<name>.partial``, never a file that looks finished.  A
     failure of the file system is a :class:`~ninfer_convert.errors.ResourceError` and leaves
     nothing behind."""
+    _write_new(path, importance_bytes(vectors, metadata), "importance file")
+
+
+def _write_new(path: str | os.PathLike[str], data: bytes, what: str) -> None:
     from .container.publish import resource_error
 
     p = check_importance_output(path)
     tmp = _partial(p)
-    data = importance_bytes(vectors, metadata)
     try:
         fd = os.open(tmp, _CREATE_NEW, 0o666)  # the umask applies, as for open()
     except FileExistsError:
         raise _partial_exists(tmp) from None
     except OSError as exc:
-        raise resource_error(exc, tmp, doing="writing the importance file") from None
+        raise resource_error(exc, tmp, doing=f"writing the {what}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -223,7 +255,7 @@ def write_importance_file(
     except FileExistsError:
         raise _output_exists(p) from None
     except OSError as exc:
-        raise resource_error(exc, p, doing="writing the importance file") from None
+        raise resource_error(exc, p, doing=f"writing the {what}") from None
     finally:
         os.unlink(tmp)
 
@@ -267,7 +299,7 @@ def _output_exists(p: Path) -> UsageError:
 
 def _partial_exists(tmp: Path) -> UsageError:
     return UsageError(
-        "a partial importance file of an interrupted run (or of a run still writing) exists",
+        "a partial output file of an interrupted run (or of a run still writing) exists",
         path=str(tmp),
         hint="remove it yourself once no other ninfer calibrate is writing it, or choose "
         "another --output",
@@ -277,7 +309,8 @@ def _partial_exists(tmp: Path) -> UsageError:
 def _check_suffix(p: Path) -> None:
     if p.suffix != ".safetensors":
         raise UsageError(
-            "an importance file is a safetensors file and its name must end in .safetensors",
+            "an importance or factor file is a safetensors file and its name must end in "
+            ".safetensors",
             path=str(p),
         )
 
