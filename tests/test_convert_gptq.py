@@ -134,6 +134,13 @@ def test_jobs_one_and_two_write_the_same_bytes(tmp_path: Path) -> None:
                            importance=ip, factors=fp)  # fmt: skip
         outs.append(out)
     assert _stored_planes(outs[0]) == _stored_planes(outs[1])
+    # The planned size counts both generated side files exactly.
+    from ninfer_convert.convert import plan_conversion, planned_output_bytes
+
+    opened, plan = plan_conversion(src, _recipe(tmp_path), importance=ip, factors=fp)
+    planned = planned_output_bytes(plan, opened, alignment=4096, max_shard_size=None)
+    written = sum(p.stat().st_size for p in outs[0].rglob("*") if p.is_file())
+    assert planned == written
     assert (outs[0] / FACTOR_FILE).read_bytes() == (outs[1] / FACTOR_FILE).read_bytes()
 
 
