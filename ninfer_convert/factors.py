@@ -31,17 +31,17 @@ from .errors import ArtifactError, EncodeError, RecipeError, SourceError, UsageE
 from .formats import lookup_profile
 from .importance import (
     IMPORTANCE_FILE,
-    _check_suffix,
-    _f32_file_bytes,
-    _frozen,
-    _vector_for,
-    _write_new,
     attach_importance,
+    calibration_key,
+    check_safetensors_suffix,
+    f32_file_bytes,
     f32_file_size,
+    frozen_words,
     importance_bytes,
     load_importance,
     needs_importance,
     stored_vectors,
+    write_new_file,
 )
 from .source import open_source
 from .source.header import parse_header_bytes
@@ -82,7 +82,7 @@ def factor_bytes(
 ) -> bytes:
     """A safetensors file of [K, B] factors, laid out exactly as :func:`importance_bytes`
     lays out vectors (names sorted, shapes [K, B], row-major data)."""
-    return _f32_file_bytes(factors, metadata)
+    return f32_file_bytes(factors, metadata)
 
 
 def write_factor_file(
@@ -91,7 +91,7 @@ def write_factor_file(
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write a new factor file, with the rules of :func:`write_importance_file`."""
-    _write_new(path, factor_bytes(factors, metadata), "factor file")
+    write_new_file(path, factor_bytes(factors, metadata), "factor file")
 
 
 def attach_factors(
@@ -120,7 +120,7 @@ def attach_factors(
             out.append(e)
             continue
         rule = f"rule {e.rule.index + 1} (line {e.rule.line})"
-        name = _vector_for(e, factors, "compensation factor")
+        name = calibration_key(e, factors, "compensation factor")
         if name is None:
             raise RecipeError(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
@@ -155,7 +155,7 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
     holds one [K, B] factor per Linear, so only the ones a rule uses are read)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        _check_suffix(Path(path))
+        check_safetensors_suffix(Path(path))
         if not Path(path).is_file():
             raise UsageError(
                 "the factor file "
@@ -170,7 +170,7 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
 
     def __getitem__(self, name: str) -> npt.NDArray[np.uint32]:
         info = self._src.tensors[name]  # KeyError for an unknown name, as a Mapping should
-        return _frozen(self._src.read(name).words).reshape(info.shape)
+        return frozen_words(self._src.read(name).words).reshape(info.shape)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._src.tensors)
@@ -195,7 +195,7 @@ def factors_from_artifact(
             _check_factor_entry(name, entry.dtype, entry.shape, FACTOR_FILE)
             k, b = entry.shape
             words = np.frombuffer(data, dtype="<u4", count=k * b, offset=entry.begin)
-            out[name] = _frozen(words).reshape(k, b)
+            out[name] = frozen_words(words).reshape(k, b)
     except (UsageError, SourceError) as exc:
         raise ArtifactError(f"the factor side file is invalid: {exc.message}", path=where) from None
     return MappingProxyType(out)

@@ -42,8 +42,12 @@ __all__ = [
     "IMPORTANCE_FILE",
     "ImportanceSet",
     "attach_importance",
+    "calibration_key",
     "check_importance_output",
+    "check_safetensors_suffix",
+    "f32_file_bytes",
     "f32_file_size",
+    "frozen_words",
     "importance_bytes",
     "load_importance",
     "needs_importance",
@@ -51,6 +55,7 @@ __all__ = [
     "vector_digest",
     "vectors_from_artifact",
     "write_importance_file",
+    "write_new_file",
 ]
 
 IMPORTANCE_FILE = "importance.safetensors"
@@ -75,7 +80,7 @@ def needs_importance(entry: PlanEntry) -> bool:
     return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).importance
 
 
-def _vector_for(
+def calibration_key(
     entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]], what: str = "importance vector"
 ) -> str | None:
     """The importance-file name whose vector belongs to ``entry``: its own output name, else,
@@ -136,7 +141,7 @@ def attach_importance(
             out.append(e)
             continue
         _check_transforms(e)
-        name = _vector_for(e, vectors)
+        name = calibration_key(e, vectors)
         if name is None:
             raise RecipeError(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
@@ -168,7 +173,7 @@ def vectors_from_artifact(
         for name, entry in header.tensors.items():
             _check_vector(name, entry.dtype, entry.shape, IMPORTANCE_FILE)
             words = np.frombuffer(data, dtype="<u4", count=entry.shape[0], offset=entry.begin)
-            out[name] = _frozen(words)
+            out[name] = frozen_words(words)
     except (UsageError, SourceError) as exc:
         raise ArtifactError(
             f"the importance side file is invalid: {exc.message}", path=where
@@ -181,7 +186,7 @@ def importance_bytes(
 ) -> bytes:
     """A safetensors file of the vectors: names sorted, data in that order, the JSON header
     compact with sorted keys and padded with spaces to a multiple of 8 bytes."""
-    return _f32_file_bytes({k: np.asarray(v).reshape(-1) for k, v in vectors.items()}, metadata)
+    return f32_file_bytes({k: np.asarray(v).reshape(-1) for k, v in vectors.items()}, metadata)
 
 
 def f32_file_size(arrays: Mapping[str, npt.NDArray[np.uint32]]) -> int:
@@ -212,9 +217,10 @@ def _f32_header(
     return text + b" " * (-len(text) % 8)
 
 
-def _f32_file_bytes(
+def f32_file_bytes(
     arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
 ) -> bytes:
+    """The canonical safetensors bytes of binary32 arrays (importance and factor files)."""
     names = sorted(arrays)
     text = _f32_header(arrays, metadata)
     body = b"".join(
@@ -232,10 +238,12 @@ def write_importance_file(
     interrupted write leaves only ``<name>.partial``, never a file that looks finished.  A
     failure of the file system is a :class:`~ninfer_convert.errors.ResourceError` and leaves
     nothing behind."""
-    _write_new(path, importance_bytes(vectors, metadata), "importance file")
+    write_new_file(path, importance_bytes(vectors, metadata), "importance file")
 
 
-def _write_new(path: str | os.PathLike[str], data: bytes, what: str) -> None:
+def write_new_file(path: str | os.PathLike[str], data: bytes, what: str) -> None:
+    """Write ``data`` as the new file ``path`` (the rules of :func:`write_importance_file`);
+    ``what`` names the file in messages."""
     from .container.publish import resource_error
 
     p = check_importance_output(path)
@@ -269,7 +277,7 @@ def check_importance_output(path: str | os.PathLike[str]) -> Path:
     ``.safetensors``, an existing file (or link), a ``<name>.partial`` left by an interrupted
     run (never removed: the tool cannot know it made it), a parent that is not a directory."""
     p = Path(path)
-    _check_suffix(p)
+    check_safetensors_suffix(p)
     if os.path.lexists(p):
         raise _output_exists(p)
     if os.path.lexists(_partial(p)):
@@ -306,7 +314,8 @@ def _partial_exists(tmp: Path) -> UsageError:
     )
 
 
-def _check_suffix(p: Path) -> None:
+def check_safetensors_suffix(p: Path) -> None:
+    """Refuse (:class:`~ninfer_convert.errors.UsageError`) a name without ``.safetensors``."""
     if p.suffix != ".safetensors":
         raise UsageError(
             "an importance or factor file is a safetensors file and its name must end in "
@@ -325,7 +334,7 @@ def _check_vector(name: str, dtype: str, shape: tuple[int, ...], where: str) -> 
         )
 
 
-def _frozen(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
+def frozen_words(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
     """A read-only native uint32 copy of binary32 words."""
     out = np.array(words, dtype=np.uint32, copy=True)
     out.flags.writeable = False
@@ -335,7 +344,7 @@ def _frozen(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
 def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     """Read every vector of an importance file (F32, rank one, non-empty).  The path must be
     a regular file: the source reader would also take a directory (as a model directory)."""
-    _check_suffix(Path(path))
+    check_safetensors_suffix(Path(path))
     if not Path(path).is_file():
         raise UsageError(
             "the importance file "
@@ -347,5 +356,5 @@ def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     out: dict[str, npt.NDArray[np.uint32]] = {}
     for name, info in src.tensors.items():
         _check_vector(name, info.dtype, info.shape, str(path))
-        out[name] = _frozen(src.read(name).words)
+        out[name] = frozen_words(src.read(name).words)
     return ImportanceSet(str(path), MappingProxyType(out))
