@@ -334,3 +334,29 @@ def test_oracle_sample_rows_finds_a_changed_code_and_a_changed_scale() -> None:
     scales[29, 0] ^= 1
     _, found = oracle_sample_rows(fmt, "t", x, "F32", GroupedCodes(codes, scales), 8, 0, imp, fac)
     assert {(m.plane, m.row, m.group) for m in found} == {("codes", 29, 3), ("scales", 29, 0)}
+
+
+def test_the_dispatch_uses_gptqs_kernel_dispatcher_when_it_has_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ninfer_convert.encoder import gptq
+    from ninfer_convert.encoder.dispatch import encode_block
+    from ninfer_convert.formats import FORMATS
+
+    seen: list[str] = []
+
+    def spy(*args: object, kernel: str, **kwargs: object) -> GroupedCodes:
+        seen.append(kernel)
+        return gptq.encode_compensated_numpy(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gptq, "encode_compensated", spy, raising=False)
+    fmt = FORMATS["Q4G64_F16S"]
+    x = np.random.default_rng(3).standard_normal((4, K)).astype(np.float32).view(np.uint32)
+    codes, scales = np.empty((4, K), np.int8), np.empty((4, 4), np.uint16)
+    for kernel in ("native", "numpy"):
+        encode_block(x, "F32", fmt, 0, codes, scales, "t", kernel, profile=GPTQ,
+                     importance=_weights(), factor=_factor(128))  # fmt: skip
+    assert seen == ["native", "numpy"]
+    ref = encode_grouped_words(x, "F32", fmt, backend="oracle", profile=GPTQ,
+                               importance=_weights(), factor=_factor(128))  # fmt: skip
+    assert codes.tobytes() == ref.codes.tobytes() and scales.tobytes() == ref.scales.tobytes()

@@ -45,8 +45,9 @@ def encode_block(
         if importance is None or factor is None:
             raise ValueError(f"{name} needs the tensor's importance vector and factor")
         encode_rows_compensated(
-            words, source_dtype, fmt, row0, codes_out, scales_out, tensor, importance, factor
-        )
+            words, source_dtype, fmt, row0, codes_out, scales_out, tensor, importance, factor,
+            kernel=kernel,
+        )  # fmt: skip
         return None
     if factor is not None:
         raise ValueError(f"encoder profile {name} takes no compensation factor")
@@ -66,18 +67,29 @@ def encode_rows_compensated(
     tensor: str | None,
     importance: npt.NDArray[np.uint32],
     factor: npt.NDArray[np.uint32],
+    *,
+    kernel: str = "native",
 ) -> None:
     """GPTQ_F16_SEARCH_IW_V1 on a block of rows starting at tensor row ``row0``: the public
-    :func:`.gptq.encode_compensated_numpy` (which checks the factor and weights again).  Its
-    refusal names a row of the block; the block's first refused row is found again here (the
-    first prefix that fails) and re-run by the exact reference, whose typed failure gives the
-    column and reason, so the message counts rows from the tensor's first row."""
-    from .gptq import encode_compensated_numpy
+    encoder of :mod:`.gptq` (which checks the factor and weights again): its
+    ``encode_compensated`` (C kernel when built, ``kernel`` "numpy" for the numpy encoder:
+    the same bytes) where that module has one, else :func:`.gptq.encode_compensated_numpy`.
+    Its refusal names a row of the block; the block's first refused row is found again here
+    (the first prefix that fails) and re-run by the exact reference, whose typed failure gives
+    the column and reason, so the message counts rows from the tensor's first row."""
+    from . import gptq
 
+    # The C kernel's dispatcher is being added to gptq.py by another change; until then (and
+    # for kernel="numpy") the numpy encoder, which writes the same bytes.
+    native = getattr(gptq, "encode_compensated", None)
     try:
-        got = encode_compensated_numpy(
-            words, source_dtype, fmt, factor, tensor=tensor, weights=importance
-        )
+        if native is not None:
+            got = native(words, source_dtype, fmt, factor, tensor=tensor, weights=importance,
+                         kernel=kernel)  # fmt: skip
+        else:
+            got = gptq.encode_compensated_numpy(
+                words, source_dtype, fmt, factor, tensor=tensor, weights=importance
+            )
     except EncodeError:
         if row0 == 0:
             raise
