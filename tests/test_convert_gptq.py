@@ -6,6 +6,7 @@ inspect, the refusals of missing and hostile factors, --jobs, and the identity f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -336,7 +337,7 @@ def test_oracle_sample_rows_finds_a_changed_code_and_a_changed_scale() -> None:
     assert {(m.plane, m.row, m.group) for m in found} == {("codes", 29, 3), ("scales", 29, 0)}
 
 
-def test_the_dispatch_uses_gptqs_kernel_dispatcher_when_it_has_one(
+def test_the_dispatch_goes_through_gptqs_kernel_dispatcher(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ninfer_convert.encoder import gptq
@@ -344,12 +345,13 @@ def test_the_dispatch_uses_gptqs_kernel_dispatcher_when_it_has_one(
     from ninfer_convert.formats import FORMATS
 
     seen: list[str] = []
+    real = gptq.encode_compensated
 
-    def spy(*args: object, kernel: str, **kwargs: object) -> GroupedCodes:
+    def spy(*args: Any, kernel: str, **kwargs: Any) -> GroupedCodes:
         seen.append(kernel)
-        return gptq.encode_compensated_numpy(*args, **kwargs)  # type: ignore[arg-type]
+        return real(*args, kernel=kernel, **kwargs)
 
-    monkeypatch.setattr(gptq, "encode_compensated", spy, raising=False)
+    monkeypatch.setattr(gptq, "encode_compensated", spy)
     fmt = FORMATS["Q4G64_F16S"]
     x = np.random.default_rng(3).standard_normal((4, K)).astype(np.float32).view(np.uint32)
     codes, scales = np.empty((4, K), np.int8), np.empty((4, 4), np.uint16)

@@ -2,7 +2,7 @@
 :func:`encode_block` encodes a block of rows with the rule's encoder profile.
 
 Contract: GPTQ_F16_SEARCH_IW_V1 (block-compensated, docs/encoder-profiles.md) goes to the
-public :func:`.gptq.encode_compensated_numpy` with the tensor's whole factor and importance
+public :func:`.gptq.encode_compensated` with the tensor's whole factor and importance
 vector (rows never interact, so a block of rows is encoded on its own and the bytes do not
 depend on the blocking or on ``--jobs``); every other profile goes to
 :func:`.host.encode_rows`.  This module exists apart from :mod:`.host` because :mod:`.gptq`
@@ -71,25 +71,17 @@ def encode_rows_compensated(
     kernel: str = "native",
 ) -> None:
     """GPTQ_F16_SEARCH_IW_V1 on a block of rows starting at tensor row ``row0``: the public
-    encoder of :mod:`.gptq` (which checks the factor and weights again): its
-    ``encode_compensated`` (C kernel when built, ``kernel`` "numpy" for the numpy encoder:
-    the same bytes) where that module has one, else :func:`.gptq.encode_compensated_numpy`.
+    :func:`.gptq.encode_compensated` (its C kernel when built, ``kernel`` "numpy" the numpy
+    encoder: the same bytes; it checks the factor and weights again).
     Its refusal names a row of the block; the block's first refused row is found again here
     (the first prefix that fails) and re-run by the exact reference, whose typed failure gives
     the column and reason, so the message counts rows from the tensor's first row."""
-    from . import gptq
+    from .gptq import encode_compensated
 
-    # The C kernel's dispatcher is being added to gptq.py by another change; until then (and
-    # for kernel="numpy") the numpy encoder, which writes the same bytes.
-    native = getattr(gptq, "encode_compensated", None)
     try:
-        if native is not None:
-            got = native(words, source_dtype, fmt, factor, tensor=tensor, weights=importance,
-                         kernel=kernel)  # fmt: skip
-        else:
-            got = gptq.encode_compensated_numpy(
-                words, source_dtype, fmt, factor, tensor=tensor, weights=importance
-            )
+        got = encode_compensated(
+            words, source_dtype, fmt, factor, tensor=tensor, weights=importance, kernel=kernel
+        )
     except EncodeError:
         if row0 == 0:
             raise
