@@ -20,8 +20,22 @@ Contract (docs/cli.md, "ninfer calibrate"):
   of a rule without transforms.  GPT-2 style ``Conv1D`` ([in, out]) modules are not hooked
   (their K axis is the *output* axis of the source tensor); a recipe rule for them gets no
   vector and is refused at convert time.
+* With ``compensation_block`` (an int B, a positive multiple of 128, or ``"full"``: one block
+  over the whole row, B = K rounded up to 128) it also computes, per hooked Linear, the factor
+  of GPTQ_F16_SEARCH_IW_V1 (docs/encoder-profiles.md): H = X^T X / n over the same tokens
+  (float64 sums of each diagonal B x B block of x^T x, so an accumulator holds K * B float64
+  values, never K x K for B < K); damping lambda = 0.01 * mean(diag H) (1.0 where that is not
+  > 0); per diagonal block, U = the upper Cholesky factor of inv(H_bb + lambda I) in float64
+  (torch.linalg), rounded once to binary32 into a [K, B] factor (+0 left of the diagonal and
+  right of a partial last block) and checked with the factor rules.  The accumulators of one
+  pass are bounded by :data:`PASS_BYTES`: when the model's together exceed it the calibration
+  texts are run again for the next batch of Linears (same tokens, same order), so memory
+  follows the largest K (x B), not the model.  ``"full"`` is refused before any text is run
+  when a factor K x B x 4 bytes would exceed :data:`MAX_FULL_FACTOR_BYTES`.  Tensors that
+  share an input (q/k/v) each get their own factor (the same values, stored once per tensor).
 * The output is a new safetensors file (:mod:`~ninfer_convert.importance`); an existing file is
-  never overwritten.  Vectors are what the model computed on this machine: the converter
+  never overwritten; the factors go to a second new file (a factor file).
+  Vectors are what the model computed on this machine: the converter
   stores the vectors it used in the artifact, so ``verify`` never re-runs calibration.
 """
 
@@ -37,11 +51,91 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .encoder.gptq_reference import BLOCK_UNIT
 from .errors import SourceError, UsageError
 from .eval_model import _parse_prompts, _tokenize, load_source_model
+from .factors import write_factor_file
+from .ieee import BINARY32
 from .importance import write_importance_file
+from .layouts.base import ceil_div
 
-__all__ = ["Calibration", "calibrate_source", "default_calibration_texts", "write_calibration"]
+__all__ = [
+    "MAX_FULL_FACTOR_BYTES",
+    "PASS_BYTES",
+    "Calibration",
+    "calibrate_source",
+    "compensation_factor",
+    "default_calibration_texts",
+    "parse_block",
+    "write_calibration",
+]
+
+DAMPING = 0.01
+"""lambda = DAMPING * mean(diag H), the damping docs/targets/encoder-profiles.md measured."""
+
+MAX_FULL_FACTOR_BYTES = 64 << 20
+"""``--compensation-block full`` refuses a Linear whose K x B binary32 factor exceeds this
+(64 MiB: K up to 4096); pick a block size instead."""
+
+PASS_BYTES = 1 << 30
+"""The float64 block accumulators of one calibration pass stay within this (1 GiB), unless a
+single Linear needs more on its own (then it has a pass to itself)."""
+
+Block = int | str
+
+
+def parse_block(value: str | int | None) -> Block | None:
+    """``--compensation-block``: None, a positive multiple of 128, or ``"full"``."""
+    if value is None:
+        return None
+    if value == "full":
+        return "full"
+    try:
+        b = int(value)
+    except (TypeError, ValueError):
+        b = -1
+    if isinstance(value, bool) or b <= 0 or b % 128:
+        raise UsageError(
+            f"--compensation-block must be a positive multiple of 128 or 'full', not {value!r}"
+        )
+    return b
+
+
+def _block_width(block: Block, k: int, name: str) -> int:
+    if block != "full":
+        assert isinstance(block, int)
+        return block
+    width = ceil_div(k, BLOCK_UNIT) * BLOCK_UNIT
+    if k * width * 4 > MAX_FULL_FACTOR_BYTES:
+        raise UsageError(
+            f"--compensation-block full: {name} has K = {k}, so its factor would take "
+            f"{k * width * 4} bytes, over the {MAX_FULL_FACTOR_BYTES} byte cap",
+            hint="choose a block size, e.g. --compensation-block 512",
+        )
+    return width
+
+
+def compensation_factor(
+    blocks: npt.NDArray[np.float64], k: int, width: int, damping: float = DAMPING
+) -> npt.NDArray[np.uint32]:
+    """The [K, B] binary32 factor words from the diagonal blocks of H ([nblocks, B, B]
+    float64, the last one zero-padded past K): see the module contract."""
+    import torch
+
+    lam = damping * float(np.mean([blocks[i // width, i % width, i % width] for i in range(k)]))
+    if not lam > 0:
+        lam = 1.0
+    f = np.zeros((k, width), dtype=np.float32)
+    for b, b0 in enumerate(range(0, k, width)):
+        b1 = min(k, b0 + width)
+        hb = torch.from_numpy(blocks[b, : b1 - b0, : b1 - b0] + lam * np.eye(b1 - b0))
+        inv = torch.cholesky_inverse(torch.linalg.cholesky(hb))
+        upper = torch.linalg.cholesky(inv, upper=True).numpy()
+        f[b0:b1, : b1 - b0] = np.triu(upper).astype(np.float32)  # one RNE rounding
+    words = f.view(np.uint32)
+    words[words == np.uint32(BINARY32.sign_mask)] = 0  # -0 left of the diagonal: one spelling
+    return words
+
 
 Progress = Callable[[str], None]
 
@@ -64,6 +158,9 @@ class Calibration:
     texts_origin: str
     tokens: int
     vectors: dict[str, npt.NDArray[np.uint32]]
+    factors: dict[str, npt.NDArray[np.uint32]] | None = None
+    block: Block | None = None
+    passes: int = 1
 
 
 def calibrate_source(
@@ -74,8 +171,11 @@ def calibrate_source(
     max_tokens: int = 256,
     device: str = "cpu",
     progress: Progress | None = None,
+    compensation_block: Block | None = None,
 ) -> Calibration:
-    """Run the source model on the calibration texts and return mean(x_k^2) per Linear."""
+    """Run the source model on the calibration texts and return mean(x_k^2) per Linear (and,
+    with ``compensation_block``, the compensation factor per Linear)."""
+    block = parse_block(compensation_block)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2:
         raise UsageError(f"--max-tokens must be an integer >= 2, not {max_tokens!r}")
     if device not in ("cpu", "cuda"):
@@ -97,9 +197,46 @@ def calibrate_source(
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     cut = max_tokens if not isinstance(limit, int) else min(max_tokens, limit)
     ids = [x[:cut] for x in toks.ids]
+    state_names = set(model.state_dict().keys())
+    linears = [
+        (f"{mname}.weight", module)
+        for mname, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and f"{mname}.weight" in state_names
+    ]
+    widths = (
+        {}
+        if block is None
+        else {name: _block_width(block, int(m.in_features), name) for name, m in linears}
+    )
+    say(f"running {len(ids)} calibration texts ({sum(map(len, ids))} tokens)")
+    vectors = _mean_squares(model, ids, device, linears)
+    factors = None
+    passes = 1
+    if block is not None:
+        factors, passes = _factors(model, ids, device, linears, widths, say)
+        passes += 1
+    del model
+    return Calibration(
+        source=src_path,
+        model_class=cls.__name__,
+        texts=len(ids),
+        texts_origin=texts_origin or ("default" if texts is None else "argument"),
+        tokens=sum(len(x) for x in ids),
+        vectors=vectors,
+        factors=factors,
+        block=block,
+        passes=passes,
+    )
+
+
+def _mean_squares(
+    model: Any, ids: list[list[int]], device: str, linears: list[tuple[str, Any]]
+) -> dict[str, npt.NDArray[np.uint32]]:
+    """One pass over the texts: mean(x_k^2) per Linear input, float64 sums, binary32."""
+    import torch
+
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}
-    handles = []
 
     def hook_for(name: str) -> Callable[..., None]:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
@@ -111,36 +248,125 @@ def calibrate_source(
 
         return hook
 
-    state_names = set(model.state_dict().keys())
-    for mname, module in model.named_modules():
-        wname = f"{mname}.weight"
-        if isinstance(module, torch.nn.Linear) and wname in state_names:
-            handles.append(module.register_forward_pre_hook(hook_for(wname)))
+    _run_texts(model, ids, device, [(m, hook_for(name)) for name, m in linears])
+    vectors: dict[str, npt.NDArray[np.uint32]] = {}
+    for name in sorted(sums):
+        mean64 = (sums[name] / counts[name]).cpu().numpy().astype(np.float64)
+        vectors[name] = mean64.astype(np.float32).view(np.uint32)  # one RNE rounding
+    return vectors
+
+
+def _run_texts(
+    model: Any, ids: list[list[int]], device: str, hooks: list[tuple[Any, Callable[..., None]]]
+) -> None:
+    """Run every calibration text once with ``hooks`` as forward pre-hooks."""
+    import torch
+
+    handles = [m.register_forward_pre_hook(h) for m, h in hooks]
     try:
-        say(f"running {len(ids)} calibration texts ({sum(map(len, ids))} tokens)")
         with torch.inference_mode():
             for x in ids:
                 model(input_ids=torch.tensor([x], dtype=torch.long, device=device))
     finally:
         for h in handles:
             h.remove()
-    vectors: dict[str, npt.NDArray[np.uint32]] = {}
-    for name in sorted(sums):
-        mean64 = (sums[name] / counts[name]).cpu().numpy().astype(np.float64)
-        vectors[name] = mean64.astype(np.float32).view(np.uint32)  # one RNE rounding
-    del model
-    return Calibration(
-        source=src_path,
-        model_class=cls.__name__,
-        texts=len(ids),
-        texts_origin=texts_origin or ("default" if texts is None else "argument"),
-        tokens=sum(len(x) for x in ids),
-        vectors=vectors,
-    )
 
 
-def write_calibration(cal: Calibration, output: str | os.PathLike[str]) -> None:
-    """Write the vectors as a new importance file (metadata says how they were made)."""
+def _factors(
+    model: Any,
+    ids: list[list[int]],
+    device: str,
+    linears: list[tuple[str, Any]],
+    widths: dict[str, int],
+    say: Progress,
+) -> tuple[dict[str, npt.NDArray[np.uint32]], int]:
+    """The factor of every Linear, accumulating its diagonal blocks of x^T x over the texts in
+    passes of at most :data:`PASS_BYTES` of accumulators; (factors, passes run)."""
+
+    batches: list[list[tuple[str, Any]]] = [[]]
+    used = 0
+    for name, m in linears:
+        k = int(m.in_features)
+        need = ceil_div(k, widths[name]) * widths[name] ** 2 * 8
+        if batches[-1] and used + need > PASS_BYTES:
+            batches.append([])
+            used = 0
+        batches[-1].append((name, m))
+        used += need
+    factors: dict[str, npt.NDArray[np.uint32]] = {}
+    for i, batch in enumerate(batches):
+        acc: dict[str, Any] = {}
+        counts: dict[str, int] = {}
+        say(f"compensation pass {i + 1}/{len(batches)}: {len(batch)} Linear inputs")
+        hooks = [
+            (m, _block_hook(name, int(m.in_features), widths[name], acc, counts))
+            for name, m in batch
+        ]
+        _run_texts(model, ids, device, hooks)
+        for name, m in batch:
+            if name not in acc:
+                continue
+            h = (acc.pop(name) / counts[name]).numpy()
+            factors[name] = _checked(compensation_factor(h, int(m.in_features), widths[name]), name)
+    return factors, len(batches)
+
+
+def _block_hook(
+    name: str, k: int, width: int, acc: dict[str, Any], counts: dict[str, int]
+) -> Callable[..., None]:
+    """A pre-hook adding the diagonal ``width``-blocks of x^T x (float64) to ``acc[name]``."""
+    import torch
+
+    def hook(_module: Any, args: tuple[Any, ...]) -> None:
+        x = args[0].detach().to(torch.float64).reshape(-1, k).cpu()
+        if name not in acc:
+            acc[name] = torch.zeros((ceil_div(k, width), width, width), dtype=torch.float64)
+        for b, b0 in enumerate(range(0, k, width)):
+            xb = x[:, b0 : min(k, b0 + width)]
+            acc[name][b, : xb.shape[1], : xb.shape[1]] += xb.T @ xb
+        counts[name] = counts.get(name, 0) + int(x.shape[0])
+
+    return hook
+
+
+def _checked(words: npt.NDArray[np.uint32], name: str) -> npt.NDArray[np.uint32]:
+    from .encoder.gptq import check_factor
+    from .errors import EncodeError
+
+    try:
+        return check_factor(words, words.shape[0], name)
+    except EncodeError as exc:
+        raise EncodeError(
+            f"calibration produced an invalid compensation factor: {exc.message}",
+            tensor=name,
+            hint="the damped block was too ill-conditioned for binary32; use more or other "
+            "calibration texts",
+        ) from None
+
+
+def write_calibration(
+    cal: Calibration,
+    output: str | os.PathLike[str],
+    factors_output: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write the vectors as a new importance file (metadata says how they were made), and
+    the factors, when computed, as a new factor file ``factors_output``."""
+    if cal.factors is not None:
+        if factors_output is None:
+            raise UsageError("the factors need an output file (--factors FILE)")
+        write_factor_file(
+            factors_output,
+            cal.factors,
+            {
+                "ninfer.statistic": "upper Cholesky factor of inv(H_bb + lambda I) per "
+                "diagonal block, H = X^T X / n in float64, binary32",
+                "ninfer.damping": f"{DAMPING} * mean(diag H)",
+                "ninfer.block": str(cal.block),
+                "ninfer.model_class": cal.model_class,
+                "ninfer.texts": str(cal.texts),
+                "ninfer.tokens": str(cal.tokens),
+            },
+        )
     write_importance_file(
         output,
         cal.vectors,

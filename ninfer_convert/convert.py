@@ -49,6 +49,10 @@ Contract:
 * ``importance`` (MSE_F16_SEARCH_IW_V1 rules): the vectors are attached to the plan and checked
   before any tensor is read (:func:`~.importance.attach_importance`); the ones used are stored
   as the side file importance.safetensors and each tensor's provenance records its digest.
+* ``factors`` (GPTQ_F16_SEARCH_IW_V1 rules, which need ``importance`` too): a factor file,
+  read lazily; each such entry's [K, B] factor is attached and checked before any tensor is
+  read (:func:`~.importance.attach_factors`); the ones used are stored as the side file
+  compensation.safetensors, and provenance records each factor's digest and block width.
 """
 
 from __future__ import annotations
@@ -88,14 +92,7 @@ from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
 from .errors import EncodeError, UsageError
-from .importance import (
-    IMPORTANCE_FILE,
-    attach_importance,
-    importance_bytes,
-    load_importance,
-    needs_importance,
-    stored_vectors,
-)
+from .factors import attach_calibration, generated_files
 from .recipe import Plan, PlanEntry, Recipe, build_plan
 from .scheduler import Batch, batches, bounded, inflight_budget, worker_pool
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
@@ -119,33 +116,17 @@ def plan_conversion(
     *,
     check_identity: bool = True,
     importance: str | Path | None = None,
+    factors: str | Path | None = None,
 ) -> tuple[SourceCheckpoint, Plan]:
     """Open the source and plan it against the recipe (metadata only); ``importance`` is the
-    importance file of MSE_F16_SEARCH_IW_V1 rules, whose vectors are attached and checked."""
+    importance file of MSE_F16_SEARCH_IW_V1 and GPTQ_F16_SEARCH_IW_V1 rules, ``factors`` the
+    factor file of the latter; their vectors and factors are attached and checked."""
     src = source if isinstance(source, SourceCheckpoint) else open_source(source)
     # Given a path, build_plan reports recipe-file and against-source problems together.
     plan = build_plan(recipe, src, check_identity=check_identity)
     side_file_names(plan, src.side_files)  # a model-card name clash fails a dry run too
-    vectors = load_importance(importance).vectors if importance is not None else None
-    if vectors is not None and not any(needs_importance(e) for e in plan.entries):
-        raise UsageError(
-            "an importance file was given but no recipe rule selects an importance-weighted "
-            "encoder profile",
-            path=str(importance),
-            hint="select encoder_profile: MSE_F16_SEARCH_IW_V1 in the rules it is for, or "
-            "drop --importance",
-        )
-    plan = attach_importance(plan, vectors, str(importance))
-    if stored_vectors(plan) and any(
-        name == IMPORTANCE_FILE for _, name in side_file_names(plan, src.side_files)
-    ):
-        raise UsageError(
-            f"the source has a side file named {IMPORTANCE_FILE}, the name the artifact's "
-            "importance vectors are stored under",
-            path=str(src.path),
-            hint="rename or remove that file in a copy of the source",
-        )
-    return src, plan
+    names = {name for _, name in side_file_names(plan, src.side_files)}
+    return src, attach_calibration(plan, names, importance, factors, str(src.path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +190,7 @@ def planned_output_bytes(
     card, provs = prepared or (_card_text(plan, src, side_files), _provenances(plan))
     if card is not None:
         sizes.append((README_NAME, len(card.encode("utf-8"))))
+    sizes += [(name, size) for name, size, _ in generated_files(plan)]
     total = planned_size(
         ((e.output, e.format, e.shape, e.role, provs[e.output]) for e in plan.entries),
         metadata=artifact_metadata(plan, src, placeholder, alignment),
@@ -267,11 +249,14 @@ def convert_checkpoint(
     on_notice: Callable[[str], None] | None = None,
     importance: str | Path | None = None,
     runner: TensorRunner | None = None,
+    factors: str | Path | None = None,
 ) -> ConvertReport:
     """Convert ``source`` with ``recipe`` into the model directory ``output`` (signed with
     ``signer`` just before it is published, when given).  ``importance``: the importance file
     for MSE_F16_SEARCH_IW_V1 rules (docs/recipes.md); the vectors used are stored in the
-    artifact as the side file importance.safetensors.  ``runner``: see the module contract."""
+    artifact as the side file importance.safetensors.  ``factors``: the factor file for
+    GPTQ_F16_SEARCH_IW_V1 rules (stored as compensation.safetensors).  ``runner``: see the
+    module contract."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, not {jobs!r}")
     check_writer_alignment(alignment)  # before any source byte is read
@@ -281,7 +266,7 @@ def convert_checkpoint(
     with paused_gc():
         started = time.perf_counter()
         src, plan = plan_conversion(
-            source, recipe, check_identity=check_identity, importance=importance
+            source, recipe, check_identity=check_identity, importance=importance, factors=factors
         )
         side_files = copied_side_files(plan, src)  # refuses a clash before reading
         used_device = _encoding_device(plan, device)
@@ -437,14 +422,13 @@ def _add_side_files(
     card: str | None,
 ) -> None:
     """The model directory's files beside the artifact: the source's side files, the model
-    card and the importance vectors used."""
+    card, the importance vectors and the factors used."""
     for path, name in side_files:
         writer.add_file(path, name)
     if card is not None:
         add_text_file(writer, README_NAME, card)
-    vectors = stored_vectors(plan)
-    if vectors:
-        add_bytes_file(writer, IMPORTANCE_FILE, importance_bytes(vectors))
+    for name, _, data in generated_files(plan):
+        add_bytes_file(writer, name, data())
 
 
 def _sign_and_commit(

@@ -22,6 +22,7 @@ from .errors import FormatError
 __all__ = [
     "ENCODER_PROFILES",
     "FORMATS",
+    "GPTQ_F16_SEARCH_IW_V1",
     "MAXABS_F16_RECIP_RNE_V1",
     "MSE_F16_SEARCH_IW_V1",
     "MSE_F16_SEARCH_V1",
@@ -158,11 +159,14 @@ class EncoderProfile:
     description: str
     importance: bool = False
     """Whether the encoder takes a per-column importance vector (stored in the artifact)."""
+    factor: bool = False
+    """Whether the encoder takes a [K, B] compensation factor (stored in the artifact)."""
 
 
 MAXABS_F16_RECIP_RNE_V1 = "MAXABS_F16_RECIP_RNE_V1"
 MSE_F16_SEARCH_V1 = "MSE_F16_SEARCH_V1"
 MSE_F16_SEARCH_IW_V1 = "MSE_F16_SEARCH_IW_V1"
+GPTQ_F16_SEARCH_IW_V1 = "GPTQ_F16_SEARCH_IW_V1"
 _GROUPED = frozenset({"Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"})
 
 ENCODER_PROFILES: Mapping[str, EncoderProfile] = MappingProxyType(
@@ -188,6 +192,16 @@ ENCODER_PROFILES: Mapping[str, EncoderProfile] = MappingProxyType(
             "column k weighted by a stored binary32 importance w[k] (finite, >= +0) in "
             "binary64 (docs/encoder-profiles.md)",
             importance=True,
+        ),
+        GPTQ_F16_SEARCH_IW_V1: EncoderProfile(
+            GPTQ_F16_SEARCH_IW_V1,
+            _GROUPED,
+            "block-compensated (GPTQ-style) encoding with a stored [K, B] binary32 factor "
+            "(upper Cholesky factors of the inverted damped diagonal B-blocks of X^T X / n); "
+            "each group's scale is MSE_F16_SEARCH_IW_V1's choice on the compensated values "
+            "with the stored importance vector (docs/encoder-profiles.md)",
+            importance=True,
+            factor=True,
         ),
     }
 )

@@ -1,4 +1,5 @@
-"""Importance vectors of MSE_F16_SEARCH_IW_V1: the file format, reading, writing, digests.
+"""Importance vectors of MSE_F16_SEARCH_IW_V1 and GPTQ_F16_SEARCH_IW_V1: the file format,
+reading, writing, digests (the compensation factors of the latter: :mod:`.factors`).
 
 Contract (docs/recipes.md "Importance", docs/container.md section 4.10): an importance file is
 a safetensors file whose tensors are one-dimensional ``F32`` vectors keyed by the *source*
@@ -41,7 +42,12 @@ __all__ = [
     "IMPORTANCE_FILE",
     "ImportanceSet",
     "attach_importance",
+    "calibration_key",
     "check_importance_output",
+    "check_safetensors_suffix",
+    "f32_file_bytes",
+    "f32_file_size",
+    "frozen_words",
     "importance_bytes",
     "load_importance",
     "needs_importance",
@@ -49,6 +55,7 @@ __all__ = [
     "vector_digest",
     "vectors_from_artifact",
     "write_importance_file",
+    "write_new_file",
 ]
 
 IMPORTANCE_FILE = "importance.safetensors"
@@ -73,10 +80,12 @@ def needs_importance(entry: PlanEntry) -> bool:
     return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).importance
 
 
-def _vector_for(entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]]) -> str | None:
+def calibration_key(
+    entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]], what: str = "importance vector"
+) -> str | None:
     """The importance-file name whose vector belongs to ``entry``: its own output name, else,
     for a row concat (axis 0 of rank-two inputs: every part has the same K columns), the
-    sources' names when all of them hold byte-identical vectors."""
+    sources' names when all of them hold byte-identical vectors (factors: the same)."""
     if entry.output in vectors:
         return entry.output
     names = [s.name for s in entry.sources]
@@ -85,10 +94,10 @@ def _vector_for(entry: PlanEntry, vectors: Mapping[str, npt.NDArray[np.uint32]])
         if all(np.array_equal(vectors[n], first) for n in names[1:]):
             return names[0]
         raise RecipeError(
-            f"tensor {entry.output}: its sources have different importance vectors "
-            f"({', '.join(names)}), so no single vector covers its columns",
+            f"tensor {entry.output}: its sources have different {what}s "
+            f"({', '.join(names)}), so no single {what} covers its columns",
             rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
-            hint=f"add a vector named {entry.output!r} to the importance file",
+            hint=f"add an entry named {entry.output!r} to the file",
         )
     return None
 
@@ -132,7 +141,7 @@ def attach_importance(
             out.append(e)
             continue
         _check_transforms(e)
-        name = _vector_for(e, vectors)
+        name = calibration_key(e, vectors)
         if name is None:
             raise RecipeError(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
@@ -164,7 +173,7 @@ def vectors_from_artifact(
         for name, entry in header.tensors.items():
             _check_vector(name, entry.dtype, entry.shape, IMPORTANCE_FILE)
             words = np.frombuffer(data, dtype="<u4", count=entry.shape[0], offset=entry.begin)
-            out[name] = _frozen(words)
+            out[name] = frozen_words(words)
     except (UsageError, SourceError) as exc:
         raise ArtifactError(
             f"the importance side file is invalid: {exc.message}", path=where
@@ -177,19 +186,45 @@ def importance_bytes(
 ) -> bytes:
     """A safetensors file of the vectors: names sorted, data in that order, the JSON header
     compact with sorted keys and padded with spaces to a multiple of 8 bytes."""
+    return f32_file_bytes({k: np.asarray(v).reshape(-1) for k, v in vectors.items()}, metadata)
+
+
+def f32_file_size(arrays: Mapping[str, npt.NDArray[np.uint32]]) -> int:
+    """``len(factor_bytes(arrays))`` (or of :func:`importance_bytes` for vectors) without
+    building the data: what the converter plans for the side file."""
+    text = _f32_header(arrays, None)
+    return 8 + len(text) + 4 * sum(int(np.asarray(a).size) for a in arrays.values())
+
+
+def _f32_header(
+    arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
+) -> bytes:
     header: dict[str, object] = {}
     offset = 0
-    names = sorted(vectors)
+    names = sorted(arrays)
     for name in names:
-        n = int(np.asarray(vectors[name]).size)
-        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [offset, offset + 4 * n]}
+        a = np.asarray(arrays[name])
+        n = int(a.size)
+        header[name] = {
+            "dtype": "F32",
+            "shape": [int(d) for d in a.shape],
+            "data_offsets": [offset, offset + 4 * n],
+        }
         offset += 4 * n
     if metadata:
         header["__metadata__"] = dict(metadata)
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    text += b" " * (-len(text) % 8)
+    return text + b" " * (-len(text) % 8)
+
+
+def f32_file_bytes(
+    arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
+) -> bytes:
+    """The canonical safetensors bytes of binary32 arrays (importance and factor files)."""
+    names = sorted(arrays)
+    text = _f32_header(arrays, metadata)
     body = b"".join(
-        np.ascontiguousarray(vectors[name], dtype="<u4").reshape(-1).tobytes() for name in names
+        np.ascontiguousarray(arrays[name], dtype="<u4").reshape(-1).tobytes() for name in names
     )
     return struct.pack("<Q", len(text)) + text + body
 
@@ -203,17 +238,22 @@ def write_importance_file(
     interrupted write leaves only ``<name>.partial``, never a file that looks finished.  A
     failure of the file system is a :class:`~ninfer_convert.errors.ResourceError` and leaves
     nothing behind."""
+    write_new_file(path, importance_bytes(vectors, metadata), "importance file")
+
+
+def write_new_file(path: str | os.PathLike[str], data: bytes, what: str) -> None:
+    """Write ``data`` as the new file ``path`` (the rules of :func:`write_importance_file`);
+    ``what`` names the file in messages."""
     from .container.publish import resource_error
 
     p = check_importance_output(path)
     tmp = _partial(p)
-    data = importance_bytes(vectors, metadata)
     try:
         fd = os.open(tmp, _CREATE_NEW, 0o666)  # the umask applies, as for open()
     except FileExistsError:
         raise _partial_exists(tmp) from None
     except OSError as exc:
-        raise resource_error(exc, tmp, doing="writing the importance file") from None
+        raise resource_error(exc, tmp, doing=f"writing the {what}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -223,7 +263,7 @@ def write_importance_file(
     except FileExistsError:
         raise _output_exists(p) from None
     except OSError as exc:
-        raise resource_error(exc, p, doing="writing the importance file") from None
+        raise resource_error(exc, p, doing=f"writing the {what}") from None
     finally:
         os.unlink(tmp)
 
@@ -237,7 +277,7 @@ def check_importance_output(path: str | os.PathLike[str]) -> Path:
     ``.safetensors``, an existing file (or link), a ``<name>.partial`` left by an interrupted
     run (never removed: the tool cannot know it made it), a parent that is not a directory."""
     p = Path(path)
-    _check_suffix(p)
+    check_safetensors_suffix(p)
     if os.path.lexists(p):
         raise _output_exists(p)
     if os.path.lexists(_partial(p)):
@@ -267,17 +307,19 @@ def _output_exists(p: Path) -> UsageError:
 
 def _partial_exists(tmp: Path) -> UsageError:
     return UsageError(
-        "a partial importance file of an interrupted run (or of a run still writing) exists",
+        "a partial output file of an interrupted run (or of a run still writing) exists",
         path=str(tmp),
         hint="remove it yourself once no other ninfer calibrate is writing it, or choose "
         "another --output",
     )
 
 
-def _check_suffix(p: Path) -> None:
+def check_safetensors_suffix(p: Path) -> None:
+    """Refuse (:class:`~ninfer_convert.errors.UsageError`) a name without ``.safetensors``."""
     if p.suffix != ".safetensors":
         raise UsageError(
-            "an importance file is a safetensors file and its name must end in .safetensors",
+            "an importance or factor file is a safetensors file and its name must end in "
+            ".safetensors",
             path=str(p),
         )
 
@@ -292,7 +334,7 @@ def _check_vector(name: str, dtype: str, shape: tuple[int, ...], where: str) -> 
         )
 
 
-def _frozen(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
+def frozen_words(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
     """A read-only native uint32 copy of binary32 words."""
     out = np.array(words, dtype=np.uint32, copy=True)
     out.flags.writeable = False
@@ -302,7 +344,7 @@ def _frozen(words: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
 def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     """Read every vector of an importance file (F32, rank one, non-empty).  The path must be
     a regular file: the source reader would also take a directory (as a model directory)."""
-    _check_suffix(Path(path))
+    check_safetensors_suffix(Path(path))
     if not Path(path).is_file():
         raise UsageError(
             "the importance file "
@@ -314,5 +356,5 @@ def load_importance(path: str | os.PathLike[str]) -> ImportanceSet:
     out: dict[str, npt.NDArray[np.uint32]] = {}
     for name, info in src.tensors.items():
         _check_vector(name, info.dtype, info.shape, str(path))
-        out[name] = _frozen(src.read(name).words)
+        out[name] = frozen_words(src.read(name).words)
     return ImportanceSet(str(path), MappingProxyType(out))

@@ -453,3 +453,18 @@ def test_shard_tasks_with_importance_and_another_alignment_give_the_local_bytes(
     convert_checkpoint(src, recipe, split, runner=in_process_runner, **options)
     assert len(list(local.glob("*.ninfer"))) == 2
     assert files_of(split) == files_of(local)
+
+
+def test_shard_tasks_with_compensation_factors_give_the_local_bytes(tmp_path: Path) -> None:
+    """The plan's factors reach the tasks (GPTQ_F16_SEARCH_IW_V1) and both generated side
+    files are written by the driver as locally."""
+    from test_convert_gptq import _factor, _files, _recipe, _source, _weights
+
+    src, _ = _source(tmp_path)
+    imp, fac = _files(tmp_path, _weights(), _factor(128))
+    local, split = tmp_path / "local", tmp_path / "split"
+    options: dict[str, Any] = {"device": "cpu", "max_shard_size": 4096, "importance": imp,
+                               "factors": fac}  # fmt: skip
+    convert_checkpoint(src, _recipe(tmp_path), local, jobs=1, **options)
+    convert_checkpoint(src, _recipe(tmp_path), split, runner=in_process_runner, **options)
+    assert files_of(split) == files_of(local)

@@ -93,6 +93,7 @@ def test_encoder_profile_table_is_closed_and_fits_grouped_only() -> None:
         "MAXABS_F16_RECIP_RNE_V1",
         "MSE_F16_SEARCH_V1",
         "MSE_F16_SEARCH_IW_V1",
+        "GPTQ_F16_SEARCH_IW_V1",
     ]
     for profile in ENCODER_PROFILES:
         for name in CANONICAL:

@@ -223,7 +223,10 @@ def render_report(report: ConvertReport) -> None:
               "the [sign] extra).")  # fmt: skip
 @click.option("--importance", default=None, metavar="FILE.safetensors",
               help="Importance vectors (ninfer calibrate) for rules that select "
-              "MSE_F16_SEARCH_IW_V1; stored in the artifact.")  # fmt: skip
+              "MSE_F16_SEARCH_IW_V1 or GPTQ_F16_SEARCH_IW_V1; stored in the artifact.")  # fmt: skip
+@click.option("--factors", default=None, metavar="FILE.safetensors",
+              help="Compensation factors (ninfer calibrate --factors) for rules that select "
+              "GPTQ_F16_SEARCH_IW_V1; stored in the artifact.")  # fmt: skip
 @ray_option("Derive and write the shards (one task per shard; needs --max-shard-size)")
 def command(
     source: str,
@@ -239,6 +242,7 @@ def command(
     as_json: bool,
     sign_key: str | None,
     importance: str | None,
+    factors: str | None,
     ray_address: str | None,
 ) -> None:
     """Convert a safetensors checkpoint SOURCE (model directory, .safetensors file or cached
@@ -260,8 +264,9 @@ def command(
     src, recipe_path = resolve_cli_recipe(source, recipe, ignore_identity=ignore_identity)
     if dry_run:
         opened, plan = plan_conversion(
-            src, recipe_path, check_identity=not ignore_identity, importance=importance
-        )
+            src, recipe_path, check_identity=not ignore_identity, importance=importance,
+            factors=factors,
+        )  # fmt: skip
         checked: OutputCheck | None = None
         if output is not None:
             checked = check_output(
@@ -285,6 +290,7 @@ def command(
             src, recipe_path, output, device=device, jobs=jobs, max_shard_size=shard_size,
             alignment=alignment, force=force, check_identity=not ignore_identity,
             progress=reporter, signer=signer, importance=importance, runner=runner,
+            factors=factors,
             on_notice=lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
     if as_json:

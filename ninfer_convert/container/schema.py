@@ -177,6 +177,11 @@ class Provenance(SchemaObject):
     """Digest of the tensor's importance vector in the importance side file (only present
     for an encoder profile that takes one; docs/container.md section 4.8); absent otherwise,
     so older artifacts stay byte-identical."""
+    factor: str | None = field(default=None, metadata=js(_DIGEST, omit_none=True))
+    """Digest of the tensor's compensation factor in the factor side file (only present for
+    an encoder profile that takes one, GPTQ_F16_SEARCH_IW_V1; docs/container.md section 4.8)."""
+    factor_block: int | None = field(default=None, metadata=js(Int(1), omit_none=True))
+    """The factor's block width B (its second dimension), present exactly with ``factor``."""
 
 
 # ---------------------------------------------------------------------------------------------

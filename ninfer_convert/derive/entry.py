@@ -99,6 +99,7 @@ def derive_logical(
             threads=threads,
             profile=profile,
             importance=entry.importance,
+            factor=entry.factor,
         )
     else:
         encode_input = None
@@ -160,7 +161,7 @@ def derive_packed(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block, out=out,
             profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1, sink=sink,
-            importance=entry.importance,
+            importance=entry.importance, factor=entry.factor,
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
     if fmt.is_grouped and device == "cuda" and out is not None:
@@ -255,7 +256,7 @@ def host_grouped_equals(
         enc.words, enc.source_dtype, entry.format, stored, tensor=entry.output,
         threads=threads, on_block=on_block, digests=digests,
         profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
-        importance=entry.importance,
+        importance=entry.importance, factor=entry.factor,
     )  # fmt: skip
     return equal, source_digests, enc
 

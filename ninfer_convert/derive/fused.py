@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..encoder.common import check_words, grouped_format
-from ..encoder.host import ErrorSums, encode_rows
+from ..encoder.dispatch import encode_block
+from ..encoder.host import ErrorSums
 from ..encoder.host import native_available as native_encoder_available
 from ..encoder.numpy_backend import CHUNK_ELEMENTS
 from ..formats import MAXABS_F16_RECIP_RNE_V1, NumericFormat
@@ -98,6 +99,7 @@ def encode_pack_grouped(
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     sink: PlaneSink | None = None,
     importance: npt.NDArray[np.uint32] | None = None,
+    factor: npt.NDArray[np.uint32] | None = None,
 ) -> list[npt.NDArray[np.uint8]]:
     """Encode ``words`` [N, K] and pack them; ``on_block(r0, r1, words, codes, scales, sums)``
     (optional, called from worker threads) sees each encoded row block, e.g. for statistics.
@@ -113,7 +115,7 @@ def encode_pack_grouped(
         raise ValueError("a sink needs the out planes it writes")
     planes = out if out is not None else [np.empty(spec.nbytes, dtype=np.uint8) for spec in specs]
     _run_blocks(words, source_dtype, fmt_name, planes, strides, False, None, tensor, threads,
-                chunk_elements, on_block, kernel, profile, sink, importance)  # fmt: skip
+                chunk_elements, on_block, kernel, profile, sink, importance, factor)  # fmt: skip
     return planes
 
 
@@ -189,6 +191,7 @@ def equals_packed_grouped(
     kernel: str = "native",
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     importance: npt.NDArray[np.uint32] | None = None,
+    factor: npt.NDArray[np.uint32] | None = None,
 ) -> bool:
     """``encode_pack_grouped(words, ...) == stored`` plane by plane, byte for byte, without
     building the planes: each packed block is compared with its slice of ``stored`` while it
@@ -222,7 +225,7 @@ def equals_packed_grouped(
 
     equal = _run_blocks(words, source_dtype, fmt_name, stored, strides, True,
                         after if digests is not None else None, tensor, threads, chunk_elements,
-                        on_block, kernel, profile, None, importance)  # fmt: skip
+                        on_block, kernel, profile, None, importance, factor)  # fmt: skip
     for digest, plane, stride in zip(digests or [], stored, strides, strict=False):
         digest.update(plane[digested * stride :])  # nothing, unless a plane has a tail
     return equal
@@ -255,6 +258,7 @@ def _run_blocks(
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     sink: PlaneSink | None = None,
     importance: npt.NDArray[np.uint32] | None = None,
+    factor: npt.NDArray[np.uint32] | None = None,
 ) -> bool:
     """Encode, check and pack ``words`` one row block at a time, writing each block's rows of
     every plane into ``planes`` (or, with ``sink``, packing them into per-thread scratch and
@@ -288,9 +292,10 @@ def _run_blocks(
         codes = np.empty((r1 - r0, k), dtype=np.int8)
         scales = np.empty((r1 - r0, n_groups), dtype=np.uint16)
         block_words = words[r0:r1]  # a view, or the derived rows
-        sums = encode_rows(
+        sums = encode_block(
             block_words, source_dtype, fmt, r0, codes, scales, tensor, kernel,
             with_sums=on_block is not None, profile=profile, importance=importance,
+            factor=factor,
         )  # fmt: skip
         if on_block is not None:
             on_block(r0, r1, block_words, codes, scales, sums)

@@ -22,6 +22,7 @@ from ..container.schema import (
     Transform,
     TransposeTransform,
 )
+from ..factors import factor_digest
 from ..importance import vector_digest
 from ..recipe import PlanEntry
 
@@ -48,4 +49,6 @@ def provenance_of(entry: PlanEntry) -> Provenance:
         rule=RuleRef(entry.rule.index, entry.rule.line, entry.rule.pattern),
         constraints=entry.constraints,
         importance=None if entry.importance is None else vector_digest(entry.importance),
+        factor=None if entry.factor is None else factor_digest(entry.factor),
+        factor_block=None if entry.factor is None else int(entry.factor.shape[1]),
     )

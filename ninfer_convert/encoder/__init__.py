@@ -11,6 +11,10 @@ torch encoder (:func:`.torch_backend.encode_mse_torch`, CPU or CUDA); all three 
 bytes.  ``profile=MSE_F16_SEARCH_IW_V1`` is the same search with an importance-weighted error
 and needs ``importance`` (one binary32 weight per column; backends ``oracle`` and ``numpy``
 only, the torch encoder has no weights); other profiles refuse an importance vector.
+``profile=GPTQ_F16_SEARCH_IW_V1`` is block-compensated encoding (:mod:`.gptq`) and needs both
+``importance`` and ``factor`` ([K, B] binary32 words); backend ``numpy`` runs
+:func:`.gptq.encode_compensated_numpy`, ``oracle`` its exact reference (:mod:`.gptq_reference`);
+other profiles refuse a factor.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy.typing as npt
 
 from ..errors import EncodeError, UsageError
 from ..formats import (
+    GPTQ_F16_SEARCH_IW_V1,
     MAXABS_F16_RECIP_RNE_V1,
     MSE_F16_SEARCH_IW_V1,
     MSE_F16_SEARCH_V1,
@@ -49,9 +54,11 @@ def encode_grouped_words(
     threads: int = 2,
     profile: str = MAXABS_F16_RECIP_RNE_V1,
     importance: npt.NDArray[np.generic] | None = None,
+    factor: npt.NDArray[np.generic] | None = None,
 ) -> GroupedCodes:
     """Encode an [N, K] array of source *words* (BF16/F16 as uint16, F32 as uint32/float32);
-    ``importance`` is the [K] binary32 weight vector of MSE_F16_SEARCH_IW_V1."""
+    ``importance`` is the [K] binary32 weight vector of MSE_F16_SEARCH_IW_V1 and
+    GPTQ_F16_SEARCH_IW_V1, ``factor`` the [K, B] binary32 factor of the latter."""
     entry = grouped_format(fmt)
     check_words(words, source_dtype)
     prof = lookup_profile(profile)
@@ -59,8 +66,18 @@ def encode_grouped_words(
         raise UsageError(
             f"encoder profile {prof.name} "
             + ("needs an importance vector" if prof.importance else "takes no importance vector"),
-            hint=f"only {MSE_F16_SEARCH_IW_V1} weights its error by per-column importance",
+            hint=f"{MSE_F16_SEARCH_IW_V1} and {GPTQ_F16_SEARCH_IW_V1} weight their error by "
+            "per-column importance",
         )
+    if prof.factor != (factor is not None):
+        raise UsageError(
+            f"encoder profile {prof.name} "
+            + ("needs a compensation factor" if prof.factor else "takes no compensation factor"),
+            hint=f"only {GPTQ_F16_SEARCH_IW_V1} compensates errors across columns",
+        )
+    if prof.factor:
+        assert factor is not None and importance is not None
+        return _encode_compensated(words, source_dtype, entry, backend, tensor, importance, factor)
     if prof.name in (MSE_F16_SEARCH_V1, MSE_F16_SEARCH_IW_V1):
         return _encode_mse(words, source_dtype, entry, backend, device, tensor, threads, importance)
     if backend == "numpy":
@@ -110,6 +127,55 @@ def _encode_mse(
         if backend == "torch"
         else "use one of " + ", ".join(BACKENDS),
     )
+
+
+def _encode_compensated(
+    words: npt.NDArray[np.generic],
+    source_dtype: str,
+    fmt: NumericFormat,
+    backend: str,
+    tensor: str | None,
+    importance: npt.NDArray[np.generic],
+    factor: npt.NDArray[np.generic],
+) -> GroupedCodes:
+    from .gptq import check_factor, encode_compensated_numpy
+
+    if backend == "numpy":
+        return encode_compensated_numpy(
+            words, source_dtype, fmt, factor, tensor=tensor, weights=importance
+        )
+    if backend != "oracle":
+        raise UsageError(
+            f"encoder profile {GPTQ_F16_SEARCH_IW_V1} has no {backend!r} backend",
+            hint="use backend 'numpy' (or 'oracle' for its exact reference)",
+        )
+    from ..words import bf16_to_f32_words, f16_to_f32_words
+    from .gptq_reference import CompensationFailure, encode_compensated_reference
+    from .mse_search import check_weights
+
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    k = words.shape[1]
+    f = check_factor(factor, k, tensor)
+    wts = check_weights(importance, k, tensor)
+    w = np.asarray(words)
+    if source_dtype == "BF16":
+        x = bf16_to_f32_words(w.astype(np.uint16))
+    elif source_dtype == "F16":
+        x = f16_to_f32_words(w.astype(np.uint16))
+    else:
+        x = np.ascontiguousarray(w).view(np.uint32)
+    try:
+        codes, scales = encode_compensated_reference(
+            x, f, fmt.group_size, fmt.qmin, fmt.qmax, weights=wts
+        )
+    except CompensationFailure as exc:
+        raise EncodeError(
+            f"tensor {tensor or '<array>'}: row {exc.row}, column {exc.column}: {exc.reason} "
+            "under error compensation",
+            hint="check the source values and the compensation factor (ninfer calibrate); "
+            "MSE_F16_SEARCH_IW_V1 encodes the tensor without compensation",
+        ) from None
+    return GroupedCodes(codes=codes, scales=scales)
 
 
 def _encode_with_oracle(

@@ -9,7 +9,9 @@ odd offset of a memory-mapped file): the C kernel copies an input that is not al
 word size before reading it, and checks its sizes and code bounds itself (``_hostkernel.c``).
 The profile MSE_F16_SEARCH_V1 has its own C kernel (``_msekernel.c``, same rules), with the
 numpy encoder of :mod:`.mse_search` as its fallback; the tests hold the two to the exact
-reference and to each other.
+reference and to each other.  GPTQ_F16_SEARCH_IW_V1 is not encoded here: its encoder
+(:mod:`.gptq`) calls this module for its scale search, so the row-block dispatch that includes
+it is :func:`.dispatch.encode_block`, the caller of :func:`encode_rows`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..formats import (
+    GPTQ_F16_SEARCH_IW_V1,
     MAXABS_F16_RECIP_RNE_V1,
     MSE_F16_SEARCH_IW_V1,
     MSE_F16_SEARCH_V1,
@@ -79,8 +82,11 @@ def encode_rows(
     was built and ``kernel`` is "native", else its numpy encoder; both write the same bytes
     (its C kernel returns the sums too).  MSE_F16_SEARCH_IW_V1 does the same with
     ``importance`` (the tensor's [K] binary32 weights, already checked by
-    ``mse_search.check_weights``), which both kernels take."""
+    ``mse_search.check_weights``), which both kernels take.  GPTQ_F16_SEARCH_IW_V1 is
+    refused: :func:`.dispatch.encode_block` encodes it."""
     name = lookup_profile(profile).name
+    if name == GPTQ_F16_SEARCH_IW_V1:
+        raise ValueError(f"{name} is encoded by encoder.dispatch.encode_block, not here")
     if name == MSE_F16_SEARCH_IW_V1 and importance is None:
         raise ValueError(f"{MSE_F16_SEARCH_IW_V1} needs the tensor's importance vector")
     if name in (MSE_F16_SEARCH_V1, MSE_F16_SEARCH_IW_V1):

@@ -46,6 +46,10 @@ class TensorRow:
     physical_bits_per_weight: float | None
     importance: str | None = None
     """Digest of the importance vector the encoder used (MSE_F16_SEARCH_IW_V1), else None."""
+    factor: str | None = None
+    """Digest of the compensation factor the encoder used (GPTQ_F16_SEARCH_IW_V1), else None."""
+    factor_block: int | None = None
+    """That factor's block width B, else None."""
 
     @property
     def derivation(self) -> str:
@@ -53,6 +57,8 @@ class TensorRow:
         parts = [p for p in (self.encoder_profile, self.conversion) if p]
         if self.importance is not None:
             parts.append(f"importance {self.importance[:12]}")
+        if self.factor is not None:
+            parts.append(f"factor B={self.factor_block} {self.factor[:12]}")
         parts += list(self.transforms)
         return ", ".join(parts) if parts else "-"
 
@@ -74,6 +80,8 @@ class TensorRow:
             "logical_bits_per_weight": self.logical_bits_per_weight,
             "physical_bits_per_weight": self.physical_bits_per_weight,
             "importance": self.importance,
+            "factor": self.factor,
+            "factor_block": self.factor_block,
         }
 
 

@@ -79,6 +79,8 @@ def tensor_row(info: TensorInfo) -> TensorRow:
         logical_bits_per_weight=_bpw(logical_bits(fmt, tuple(info.shape)), n),
         physical_bits_per_weight=_bpw(8 * info.nbytes, n),
         importance=prov.importance,
+        factor=prov.factor,
+        factor_block=prov.factor_block,
     )
 
 

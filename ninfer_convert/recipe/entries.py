@@ -7,8 +7,8 @@ Contract: each class is a frozen dataclass whose JSON form (the plan's ``entries
 :mod:`ninfer_convert.jsonfields`, the machinery of the container header's schema.
 ``to_dict()`` is that form (keys in field order); ``from_dict()`` validates it strictly (a
 :class:`~ninfer_convert.errors.SchemaError` naming the field) and round-trips:
-``PlanEntry.from_dict(e.to_dict()) == e``.  ``PlanEntry.importance`` is not part of the JSON
-form (convert attaches it from the importance file).
+``PlanEntry.from_dict(e.to_dict()) == e``.  ``PlanEntry.importance`` and ``PlanEntry.factor`` are
+not part of the JSON form (convert attaches them from the importance and factor files).
 """
 
 from __future__ import annotations
@@ -150,6 +150,9 @@ class PlanEntry(_PlanJSON):
     importance: Any = field(default=None, compare=False, repr=False, metadata=not_json())
     """MSE_F16_SEARCH_IW_V1 only: the [K] binary32 importance words (a read-only numpy
     uint32 array) attached by :func:`ninfer_convert.importance.attach_importance`."""
+    factor: Any = field(default=None, compare=False, repr=False, metadata=not_json())
+    """GPTQ_F16_SEARCH_IW_V1 only: the [K, B] binary32 compensation factor words (a read-only
+    numpy uint32 array, checked) attached by :func:`ninfer_convert.factors.attach_factors`."""
 
     @property
     def numel(self) -> int:

@@ -3,20 +3,22 @@
 Contract: :func:`artifact_level_findings` are ``structure`` findings (container-like files in
 the artifact's directory that are not part of it); :func:`recipe_digest_findings` and
 :func:`importance_findings` are ``integrity`` findings (``recipe.digest`` against the recorded
-recipe text; the ``importance.safetensors`` side file against the provenance that records its
-digests).
-:func:`stored_importance` reads the importance vectors the source checks re-derive with.
+recipe text; the ``importance.safetensors`` and ``compensation.safetensors`` side files against
+the provenance that records their entries' digests).
+:func:`stored_importance` and :func:`stored_factor_set` read the importance vectors and
+compensation factors the source checks re-derive with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import numpy.typing as npt
 
 from ..container import Artifact
 from ..errors import ArtifactError, IntegrityError, NinferError
+from ..factors import FACTOR_FILE, factor_digest, factors_from_artifact
 from ..importance import IMPORTANCE_FILE, vector_digest, vectors_from_artifact
 from .report import Finding
 
@@ -24,6 +26,7 @@ __all__ = [
     "artifact_level_findings",
     "importance_findings",
     "recipe_digest_findings",
+    "stored_factor_set",
     "stored_importance",
 ]
 
@@ -33,6 +36,13 @@ def stored_importance(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | N
     if IMPORTANCE_FILE not in art.side_files:
         return None
     return vectors_from_artifact(art.read_side_file(IMPORTANCE_FILE), str(art.path))
+
+
+def stored_factor_set(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | None:
+    """The artifact's compensation factors (its side file, digest-checked on read), or None."""
+    if FACTOR_FILE not in art.side_files:
+        return None
+    return factors_from_artifact(art.read_side_file(FACTOR_FILE), str(art.path))
 
 
 def artifact_level_findings(art: Artifact) -> list[Finding]:
@@ -53,17 +63,32 @@ def artifact_level_findings(art: Artifact) -> list[Finding]:
 
 
 def importance_findings(art: Artifact) -> list[Finding]:
-    """docs/container.md (side file entry): ``importance.safetensors`` exists exactly when some
-    tensor's provenance records an ``importance`` digest, holds exactly those tensors' entries,
-    and each entry's digest is the recorded one.  Needs no source, so it runs with
-    ``--no-source`` too.  A side file whose own digest fails is reported by
-    ``integrity_problems`` already (nothing is added here)."""
-    where = str((art.path if art.path.is_dir() else art.path.parent) / IMPORTANCE_FILE)
-    recorded = {
-        name: info.entry.provenance.importance
-        for name, info in art.tensors.items()
-        if info.entry.provenance.importance is not None
-    }
+    """docs/container.md (side file entries): ``importance.safetensors`` exists exactly when
+    some tensor's provenance records an ``importance`` digest, holds exactly those tensors'
+    entries, and each entry's digest is the recorded one; ``compensation.safetensors`` the
+    same for ``provenance.factor`` (and each entry's width is ``provenance.factor_block``).
+    Needs no source, so it runs with ``--no-source`` too.  A side file whose own digest fails
+    is reported by ``integrity_problems`` already (nothing is added here)."""
+    return _side_file_findings(
+        art, IMPORTANCE_FILE, "importance", stored_importance, vector_digest
+    ) + _side_file_findings(art, FACTOR_FILE, "factor", stored_factor_set, factor_digest)
+
+
+def _side_file_findings(
+    art: Artifact,
+    file: str,
+    key: str,
+    read: Callable[[Artifact], Mapping[str, npt.NDArray[np.uint32]] | None],
+    digest_of: Callable[[npt.NDArray[np.uint32]], str],
+) -> list[Finding]:
+    where = str((art.path if art.path.is_dir() else art.path.parent) / file)
+    recorded: dict[str, str] = {}
+    blocks: dict[str, int | None] = {}
+    for name, info in art.tensors.items():
+        value = getattr(info.entry.provenance, key)
+        if value is not None:
+            recorded[name] = value
+            blocks[name] = info.entry.provenance.factor_block
 
     def problem(message: str, tensor: str | None) -> Finding:
         hint = "the header or the side file was edited after conversion; convert again"
@@ -71,34 +96,37 @@ def importance_findings(art: Artifact) -> list[Finding]:
             "integrity", IntegrityError(message, path=where, tensor=tensor, hint=hint)
         )
 
-    if IMPORTANCE_FILE not in art.side_files:
+    if file not in art.side_files:
         if not recorded:
             return []
         first = next(iter(recorded))
         return [
             problem(
-                f"{len(recorded)} tensors record an importance digest (first: {first}) but the "
-                f"artifact has no side file {IMPORTANCE_FILE}",
+                f"{len(recorded)} tensors record a {key} digest (first: {first}) but the "
+                f"artifact has no side file {file}",
                 first,
             )
         ]
     try:
-        vectors = stored_importance(art) or {}
+        stored = read(art) or {}
     except IntegrityError:
         return []
     except NinferError as exc:
         return [problem(exc.message, None)]
     out = []
     for name, digest in recorded.items():
-        if name not in vectors:
-            out.append(problem(f"provenance.importance is {digest} but the side file has no "
+        if name not in stored:
+            out.append(problem(f"provenance.{key} is {digest} but the side file has no "
                                f"entry named {name!r}", name))  # fmt: skip
-        elif vector_digest(vectors[name]) != digest:
-            out.append(problem(f"provenance.importance is {digest} but the side file's entry "
-                               f"has digest {vector_digest(vectors[name])}", name))  # fmt: skip
-    for name in sorted(set(vectors) - set(recorded)):
+        elif digest_of(stored[name]) != digest:
+            out.append(problem(f"provenance.{key} is {digest} but the side file's entry "
+                               f"has digest {digest_of(stored[name])}", name))  # fmt: skip
+        elif key == "factor" and blocks[name] != int(stored[name].shape[1]):
+            out.append(problem(f"provenance.factor_block is {blocks[name]} but the side "
+                               f"file's factor is {stored[name].shape[1]} wide", name))  # fmt: skip
+    for name in sorted(set(stored) - set(recorded)):
         out.append(problem(f"the side file has an entry {name!r} for a tensor that records no "
-                           "importance digest", name))  # fmt: skip
+                           f"{key} digest", name))  # fmt: skip
     return out
 
 

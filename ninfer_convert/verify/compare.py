@@ -240,6 +240,74 @@ def oracle_sample(
     return len(picks), mismatches
 
 
+def oracle_sample_rows(
+    fmt: NumericFormat,
+    tensor: str,
+    source_words: npt.NDArray[np.generic],
+    source_dtype: str,
+    found: GroupedCodes | Callable[[list[int]], GroupedCodes],
+    count: int,
+    seed: int,
+    weights: npt.NDArray[np.uint32],
+    factor: npt.NDArray[np.uint32],
+    shape: tuple[int, int] | None = None,
+) -> tuple[int, list[Mismatch]]:
+    """GPTQ_F16_SEARCH_IW_V1's oracle sample: whole sampled ROWS re-encoded with the exact
+    reference (:func:`~..encoder.gptq_reference.encode_compensated_reference`; a row is the
+    unit, since its columns depend on each other); (groups checked, mismatches).  ``count``
+    groups ask for ``ceil(count / groups per row)`` rows (at least one), drawn as
+    :func:`sample_groups` draws (the last row first); every group of a sampled row is compared
+    as :func:`oracle_sample` compares one.  A refused row is a mismatch of plane 'scales' at
+    the group of its refused column ('encoder refuses this group')."""
+    from ..encoder.gptq_reference import CompensationFailure, encode_compensated_reference
+
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    g = fmt.group_size
+    if isinstance(found, GroupedCodes):
+        n_rows, k = found.codes.shape
+    else:
+        assert shape is not None
+        n_rows, k = shape
+    n_groups = ceil_div(k, g)
+    want = max(1, ceil_div(count, n_groups)) if count > 0 else 0
+    rows = sorted({r for r, _ in sample_groups(tensor, n_rows, 1, want, seed)})
+    if not rows:
+        return 0, []
+    stored_rows = (
+        GroupedCodes(found.codes[rows], found.scales[rows])
+        if isinstance(found, GroupedCodes)
+        else found(rows)
+    )
+    picked = len(rows) * n_groups
+    mismatches: list[Mismatch] = []
+    for i, row in enumerate(rows):
+        x = to_f32(np.ascontiguousarray(source_words[row : row + 1]), source_dtype)
+        try:
+            codes, scales = encode_compensated_reference(
+                x.view(np.uint32), factor, g, fmt.qmin, fmt.qmax, weights=weights
+            )
+        except CompensationFailure as exc:
+            group = exc.column // g
+            stored_scale = int(stored_rows.scales[i, group])
+            mismatches.append(
+                Mismatch(
+                    tensor, "scales", (row, group), row, group, None, -1, stored_scale,
+                    "encoder refuses this group", f"0x{stored_scale:04x}", 1, picked,
+                )
+            )  # fmt: skip
+            continue
+        for group in range(n_groups):
+            lo, hi = group * g, min(k, (group + 1) * g)
+            want_scale, want_codes = int(scales[0, group]), [int(c) for c in codes[0, lo:hi]]
+            mismatches += _group_mismatches(
+                fmt, tensor, (row, group), (lo, hi), [], None,
+                lambda _x, _qmin, _qmax, s=want_scale, c=want_codes: (s, c),
+                int(stored_rows.scales[i, group]), stored_rows.codes[i, lo:hi], picked,
+            )  # fmt: skip
+    mismatches.sort(key=lambda m: (m.row or 0, m.group or 0, m.plane))
+    return picked, mismatches
+
+
 def _group_mismatches(
     fmt: NumericFormat,
     tensor: str,

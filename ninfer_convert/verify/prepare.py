@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Literal
 
 from ..container import Artifact
 from ..errors import ArtifactError, NinferError, SourceError
+from ..factors import attach_factors, factor_digest
 from ..importance import attach_importance, vector_digest
-from .artifact_checks import stored_importance
+from .artifact_checks import stored_factor_set, stored_importance
 from .report import Finding, SourceUse
 from .source_identity import recorded_tensor_findings, source_metadata_findings
 from .tensor_checks import SourceContext
@@ -164,21 +165,30 @@ def _open_and_plan(
                 ),
             )
         )
-    try:  # MSE_F16_SEARCH_IW_V1 tensors are re-derived from the stored importance vectors
+    try:  # importance-weighted and compensated tensors: re-derived from the stored parts
         plan = attach_importance(plan, stored_importance(art), str(art.path))
+        plan = attach_factors(plan, stored_factor_set(art), str(art.path))
     except NinferError as exc:
         return fail(
             Finding.of(
                 "source-words",
                 ArtifactError(
-                    f"the artifact's importance vectors cannot be used: {exc.message}",
+                    f"the artifact's importance vectors or factors cannot be used: {exc.message}",
                     path=str(art.path),
-                    tensor=exc.tensor,
+                    tensor=exc.tensor or _first_weighted(plan),
                 ),
             ),
             words=True,
         )
     return src, plan
+
+
+def _first_weighted(plan: Plan) -> str | None:
+    """The first tensor re-derived from a stored importance vector or factor (the one a
+    failure to read them is reported for when the error names no tensor)."""
+    from ..importance import needs_importance
+
+    return next((e.output for e in plan.entries if needs_importance(e)), None)
 
 
 def _inventory_findings(art: Artifact, entries: Mapping[str, PlanEntry]) -> list[Finding]:
@@ -244,6 +254,9 @@ def _header_problems(info: TensorInfo, entry: PlanEntry) -> list[str]:
         problems.append(
             f"importance digest {prov.importance}, the stored vector's is {want_importance}"
         )
+    want_factor = None if entry.factor is None else factor_digest(entry.factor)
+    if prov.factor != want_factor:
+        problems.append(f"factor digest {prov.factor}, the stored factor's is {want_factor}")
     if prov.conversion != entry.conversion:
         problems.append(f"conversion {prov.conversion}, the recipe gives {entry.conversion}")
     stored_sources = [s.name for s in prov.sources]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..container import Artifact
 from ..errors import ArtifactError, NinferError, SourceError
+from ..factors import FACTOR_FILE, needs_factor
 from ..importance import IMPORTANCE_FILE, needs_importance
 from ..jsonlimits import nesting_problem
 from .report import Finding
@@ -48,6 +49,8 @@ def _source_side_files(
     generated = {README_NAME} if plan.recipe.output.readme else set()
     if any(needs_importance(e) for e in plan.entries):
         generated.add(IMPORTANCE_FILE)
+    if any(needs_factor(e) for e in plan.entries):
+        generated.add(FACTOR_FILE)
     return copied, generated
 
 

@@ -40,6 +40,7 @@ from ..encoder.mse_reference import encode_group_mse_reference
 from ..encoder.oracle import encode_group_oracle
 from ..errors import ArtifactError, NinferError, SourceError
 from ..formats import (
+    GPTQ_F16_SEARCH_IW_V1,
     MAXABS_F16_RECIP_RNE_V1,
     MSE_F16_SEARCH_IW_V1,
     MSE_F16_SEARCH_V1,
@@ -51,7 +52,7 @@ from ..layouts import LAYOUTS
 from ..logical import GroupedCodes, LogicalTensor
 from ..recipe.materialize import DerivedWords, streams_directly
 from ..validate import logical_problems
-from .compare import BlockStats, compare_logical, error_stats, oracle_sample
+from .compare import BlockStats, compare_logical, error_stats, oracle_sample, oracle_sample_rows
 from .report import Finding, Mismatch, TensorErrorStats
 
 if TYPE_CHECKING:  # imported lazily at run time (recipe and source pull in more)
@@ -202,12 +203,14 @@ _REFERENCES = {
     MAXABS_F16_RECIP_RNE_V1: encode_group_oracle,
     MSE_F16_SEARCH_V1: encode_group_mse_reference,
     MSE_F16_SEARCH_IW_V1: encode_group_mse_reference,  # with the group's stored weights
+    GPTQ_F16_SEARCH_IW_V1: encode_group_mse_reference,  # unused: whole rows, see below
 }
 """The exact reference each encoder profile's oracle-sample groups are re-encoded with."""
 _REFERENCE_TEXT = {
     MAXABS_F16_RECIP_RNE_V1: "differs from the Section 7 oracle",
     MSE_F16_SEARCH_V1: "differs from the exact MSE_F16_SEARCH_V1 reference",
     MSE_F16_SEARCH_IW_V1: "differs from the exact MSE_F16_SEARCH_IW_V1 reference",
+    GPTQ_F16_SEARCH_IW_V1: "differs from the exact GPTQ_F16_SEARCH_IW_V1 reference (whole row)",
 }
 
 
@@ -405,11 +408,17 @@ def _oracle_check(
     ):
         return
     info = art.tensors[name]
-    checked, mismatches = oracle_sample(
-        fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows and columns by slices only
-        shape=(int(info.shape[0]), int(info.shape[1])),
-        group_encoder=_REFERENCES[entry.encoder_profile], weights=entry.importance,
-    )  # fmt: skip
+    shape = (int(info.shape[0]), int(info.shape[1]))
+    if entry.factor is not None:  # compensated: whole rows with the exact reference
+        checked, mismatches = oracle_sample_rows(
+            fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows by slices only
+            entry.importance, entry.factor, shape=shape,
+        )  # fmt: skip
+    else:
+        checked, mismatches = oracle_sample(
+            fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows and columns by slices only
+            shape=shape, group_encoder=_REFERENCES[entry.encoder_profile], weights=entry.importance,
+        )  # fmt: skip
     out.oracle_groups = checked
     out.oracle += [
         _mismatch("oracle-sample", _REFERENCE_TEXT[entry.encoder_profile], m, str(info.file))

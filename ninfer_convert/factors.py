@@ -1,0 +1,266 @@
+"""Compensation factors of GPTQ_F16_SEARCH_IW_V1: the file format, reading, writing, digests,
+and the attachment of a conversion's calibration files (importance vectors and factors).
+
+Contract (docs/recipes.md "Compensated rules", docs/container.md section 4.6): a factor file
+is a safetensors file like an importance file (:mod:`.importance`) whose tensors are
+two-dimensional ``F32`` [K, B] factors (B a positive multiple of 128) keyed by source weight
+name; ``ninfer calibrate --factors`` writes one, ``ninfer convert --factors`` reads it lazily
+(:class:`FactorFile`: only the factors a rule uses are read), and the converter stores the
+factors it used as the side file :data:`FACTOR_FILE` (bytes by :func:`factor_bytes`, the same
+pure function of the arrays as the importance side file), each tensor's provenance recording
+the factor's digest (:func:`factor_digest`) and its block width.  Factor values are checked
+where they are attached (:func:`~ninfer_convert.encoder.gptq.check_factor`: finite, positive
+diagonal, +0 outside the upper triangle of each block, [K, B]); a broken one is an
+:class:`~ninfer_convert.errors.EncodeError` naming the file, the tensor and the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from .container.wire import digest_hex
+from .errors import ArtifactError, EncodeError, RecipeError, SourceError, UsageError
+from .formats import lookup_profile
+from .importance import (
+    IMPORTANCE_FILE,
+    attach_importance,
+    calibration_key,
+    check_safetensors_suffix,
+    f32_file_bytes,
+    f32_file_size,
+    frozen_words,
+    importance_bytes,
+    load_importance,
+    needs_importance,
+    stored_vectors,
+    write_new_file,
+)
+from .source import open_source
+from .source.header import parse_header_bytes
+
+if TYPE_CHECKING:
+    from .recipe.plan import Plan, PlanEntry
+
+__all__ = [
+    "FACTOR_FILE",
+    "FactorFile",
+    "attach_calibration",
+    "attach_factors",
+    "factor_bytes",
+    "factor_digest",
+    "factors_from_artifact",
+    "generated_files",
+    "needs_factor",
+    "stored_factors",
+    "write_factor_file",
+]
+
+FACTOR_FILE = "compensation.safetensors"
+"""The artifact's side file holding every compensation factor the encoder used."""
+
+
+def factor_digest(words: npt.NDArray[np.uint32]) -> str:
+    """xxh3-128 (32 lowercase hex digits) of the factor's row-major little-endian binary32
+    bytes: the tensor's ``provenance.factor``."""
+    return digest_hex(np.ascontiguousarray(words, dtype="<u4").tobytes())
+
+
+def needs_factor(entry: PlanEntry) -> bool:
+    return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).factor
+
+
+def factor_bytes(
+    factors: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None = None
+) -> bytes:
+    """A safetensors file of [K, B] factors, laid out exactly as :func:`importance_bytes`
+    lays out vectors (names sorted, shapes [K, B], row-major data)."""
+    return f32_file_bytes(factors, metadata)
+
+
+def write_factor_file(
+    path: str | os.PathLike[str],
+    factors: Mapping[str, npt.NDArray[np.uint32]],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write a new factor file, with the rules of :func:`write_importance_file`."""
+    write_new_file(path, factor_bytes(factors, metadata), "factor file")
+
+
+def attach_factors(
+    plan: Plan, factors: Mapping[str, npt.NDArray[np.uint32]] | None, where: str
+) -> Plan:
+    """The plan with each GPTQ_F16_SEARCH_IW_V1 entry's compensation factor attached (checked:
+    present, [K, B] with B a multiple of 128, the factor rules of
+    :func:`~ninfer_convert.encoder.gptq.check_factor`).  Run after :func:`attach_importance`
+    (which refuses column-moving transforms for every importance profile).  ``where`` names
+    the factor file (or the artifact) in messages.  Factors of other tensors are not read."""
+    from .encoder.gptq import check_factor
+
+    todo = [e for e in plan.entries if needs_factor(e)]
+    if not todo:
+        return plan
+    if factors is None:
+        raise UsageError(
+            f"{len(todo)} tensors use the compensated encoder profile {todo[0].encoder_profile} "
+            f"(first: {todo[0].output}) but no factor file was given",
+            hint="pass --factors FILE (write one with: ninfer calibrate SOURCE -o IMP "
+            "--compensation-block 128 --factors FILE)",
+        )
+    out: list[PlanEntry] = []
+    for e in plan.entries:
+        if not needs_factor(e):
+            out.append(e)
+            continue
+        rule = f"rule {e.rule.index + 1} (line {e.rule.line})"
+        name = calibration_key(e, factors, "compensation factor")
+        if name is None:
+            raise RecipeError(
+                f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
+                f"the factor file has no factor named {e.output!r}",
+                path=where,
+                rule=rule,
+                hint="run ninfer calibrate --compensation-block B --factors FILE on the same "
+                "model, or give this tensor another profile",
+            )
+        try:
+            words = check_factor(factors[name], e.shape[-1], e.output)
+        except EncodeError as exc:
+            raise EncodeError(
+                f"{exc.message} (factor {name!r}, {rule})",
+                path=where,
+                tensor=e.output,
+                rule=rule,
+                hint=exc.hint,
+            ) from None
+        words.flags.writeable = False
+        out.append(dataclasses.replace(e, factor=words))
+    return dataclasses.replace(plan, entries=tuple(out))
+
+
+def stored_factors(plan: Plan) -> dict[str, npt.NDArray[np.uint32]]:
+    """The factors an artifact stores: one per compensated entry, under the entry's name."""
+    return {e.output: e.factor for e in plan.entries if e.factor is not None}
+
+
+class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
+    """The factors of a factor file by source weight name, read on first use (a factor file
+    holds one [K, B] factor per Linear, so only the ones a rule uses are read)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        check_safetensors_suffix(Path(path))
+        if not Path(path).is_file():
+            raise UsageError(
+                "the factor file "
+                + ("is not a regular file" if os.path.lexists(path) else "does not exist"),
+                path=str(path),
+                hint="pass the .safetensors file that ninfer calibrate --factors wrote",
+            )
+        self.path = str(path)
+        self._src = open_source(Path(path))
+        for name, info in self._src.tensors.items():
+            _check_factor_entry(name, info.dtype, info.shape, self.path)
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.uint32]:
+        info = self._src.tensors[name]  # KeyError for an unknown name, as a Mapping should
+        return frozen_words(self._src.read(name).words).reshape(info.shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._src.tensors)
+
+    def __len__(self) -> int:
+        return len(self._src.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._src.tensors
+
+
+def factors_from_artifact(
+    data: bytes | None, where: str
+) -> Mapping[str, npt.NDArray[np.uint32]] | None:
+    """Parse the artifact's factor side file (already digest-checked by the caller)."""
+    if data is None:
+        return None
+    try:
+        header = parse_header_bytes(data, FACTOR_FILE)
+        out: dict[str, npt.NDArray[np.uint32]] = {}
+        for name, entry in header.tensors.items():
+            _check_factor_entry(name, entry.dtype, entry.shape, FACTOR_FILE)
+            k, b = entry.shape
+            words = np.frombuffer(data, dtype="<u4", count=k * b, offset=entry.begin)
+            out[name] = frozen_words(words).reshape(k, b)
+    except (UsageError, SourceError) as exc:
+        raise ArtifactError(f"the factor side file is invalid: {exc.message}", path=where) from None
+    return MappingProxyType(out)
+
+
+def _check_factor_entry(name: str, dtype: str, shape: tuple[int, ...], where: str) -> None:
+    if dtype != "F32" or len(shape) != 2 or shape[0] < 1 or shape[1] < 1 or shape[1] % 128:
+        raise UsageError(
+            f"compensation factor {name!r} is {dtype} with shape {list(shape)}; every entry "
+            "must be a two-dimensional F32 [K, B] factor with B a positive multiple of 128",
+            path=where,
+            hint="write the file with ninfer calibrate --compensation-block B --factors FILE",
+        )
+
+
+def attach_calibration(
+    plan: Plan,
+    side_names: set[str],
+    importance: str | os.PathLike[str] | None,
+    factors: str | os.PathLike[str] | None,
+    source_path: str,
+) -> Plan:
+    """The plan with the importance vectors and factors of its rules attached from the
+    given files (convert): a file no rule needs, or a needed one missing, is refused, and so
+    is a source side file (``side_names``: their names in the artifact) that would take the
+    name of a generated one."""
+    vectors = load_importance(importance).vectors if importance is not None else None
+    if vectors is not None and not any(needs_importance(e) for e in plan.entries):
+        raise UsageError(
+            "an importance file was given but no recipe rule selects an importance-weighted "
+            "encoder profile",
+            path=str(importance),
+            hint="select encoder_profile: MSE_F16_SEARCH_IW_V1 in the rules it is for, or "
+            "drop --importance",
+        )
+    plan = attach_importance(plan, vectors, str(importance))
+    factor_file = FactorFile(factors) if factors is not None else None
+    if factor_file is not None and not any(needs_factor(e) for e in plan.entries):
+        raise UsageError(
+            "a factor file was given but no recipe rule selects a compensated encoder profile",
+            path=str(factors),
+            hint="select encoder_profile: GPTQ_F16_SEARCH_IW_V1 in the rules it is for, or "
+            "drop --factors",
+        )
+    plan = attach_factors(plan, factor_file, str(factors))
+    for name, _size, _data in generated_files(plan):
+        if name in side_names:
+            raise UsageError(
+                f"the source has a side file named {name}, the name the artifact's "
+                "importance vectors or factors are stored under",
+                path=source_path,
+                hint="rename or remove that file in a copy of the source",
+            )
+    return plan
+
+
+def generated_files(plan: Plan) -> list[tuple[str, int, Callable[[], bytes]]]:
+    """(name, exact size, bytes) of the side files the plan's calibration data makes: the
+    importance vectors and the factors used, each file only when some tensor uses one."""
+    out: list[tuple[str, int, Callable[[], bytes]]] = []
+    vectors = stored_vectors(plan)
+    if vectors:
+        flat = {k: np.asarray(v).reshape(-1) for k, v in vectors.items()}
+        out.append((IMPORTANCE_FILE, f32_file_size(flat), lambda: importance_bytes(vectors)))
+    factors = stored_factors(plan)
+    if factors:
+        out.append((FACTOR_FILE, f32_file_size(factors), lambda: factor_bytes(factors)))
+    return out
