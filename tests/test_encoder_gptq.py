@@ -356,3 +356,25 @@ def test_compensation_lowers_the_activation_weighted_error() -> None:
     mse = encode_grouped_words(w.view(np.uint32), "F32", "Q4G64_F16S", profile=MSE_F16_SEARCH_V1)
     comp = encode_compensated_numpy(w.view(np.uint32), "F32", fmt, factor_from_gram(h))
     assert proxy(dequant(comp.codes, comp.scales)) < 0.7 * proxy(dequant(mse.codes, mse.scales))
+
+
+def test_reference_memory_follows_a_factor_row_not_the_factor() -> None:
+    """verify's oracle sample runs the reference on whole rows with the stored factor: its
+    memory must not grow with K x B (a [4096, 4096] factor held as Python floats is ~0.5 GB)."""
+    import tracemalloc
+
+    k = block = 384
+    fmt = FORMATS["Q4G64_F16S"]
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    f = identity_factor(k, block)
+    x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32).view(np.uint32)
+    tracemalloc.start()
+    try:
+        codes, _ = encode_compensated_reference(
+            x, f.view(np.uint32), fmt.group_size, fmt.qmin, fmt.qmax
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert codes.shape == (1, k)
+    assert peak < 256 << 10, peak  # the factor: 576 KiB of words, ~5 MiB as Python floats
