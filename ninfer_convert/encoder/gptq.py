@@ -67,6 +67,15 @@ NATIVE_CHUNK_VALUES = 1 << 20
 """Values per pass of the C kernel (8 MiB of binary64): it walks four rows at a time, so the
 chunk only bounds memory and amortises the per-group Python calls."""
 
+CHECK_CHUNK_VALUES = 1 << 18
+"""Factor entries per chunk of :func:`check_factor` (its temporaries: a few MiB)."""
+
+_FACTOR_RULES = (
+    "is not finite",
+    "must be +0 (outside the upper triangle of its block)",
+    "must be > +0",
+)
+
 _SEARCH, _NONFINITE = 1, 2
 _REASONS = {
     _SEARCH: "the scale search refuses the group",
@@ -103,24 +112,28 @@ def check_factor(
         )
     block = f.shape[1]
     col = np.arange(block)[None, :]
-    row = np.arange(k)[:, None]
-    diag_c = row % block
-    width = np.minimum(block, k - (row - diag_c))  # columns of row i's block
-    must_be_zero = (col < diag_c) | (col >= width)
-    mag = f & np.uint32(BINARY32.magnitude_mask)
-    problems = (
-        ((mag >= np.uint32(BINARY32.exp_mask)), "is not finite"),
-        (must_be_zero & (f != 0), "must be +0 (outside the upper triangle of its block)"),
-        ((col == diag_c) & ((f >= np.uint32(BINARY32.sign_mask)) | (f == 0)), "must be > +0"),
-    )
-    for bad, why in problems:
-        if bad.any():
-            i, c = (int(v) for v in np.argwhere(bad)[0])
-            raise EncodeError(
-                f"tensor {name}: compensation factor entry [{i}, {c}] (binary32 word "
-                f"0x{int(f[i, c]):08X}) {why}",
-                hint="recompute the factor file with ninfer calibrate for this source",
-            )
+    # Rule by rule, then row-major (the first entry of the first rule broken), over chunks of
+    # rows so that the temporaries stay about CHECK_CHUNK_VALUES entries, not K x B.
+    rows = max(1, CHECK_CHUNK_VALUES // block)
+    for rule, why in enumerate(_FACTOR_RULES):
+        for r0 in range(0, k, rows):
+            part = f[r0 : r0 + rows]
+            row = np.arange(r0, r0 + part.shape[0])[:, None]
+            diag_c = row % block
+            if rule == 0:
+                bad = (part & np.uint32(BINARY32.magnitude_mask)) >= np.uint32(BINARY32.exp_mask)
+            elif rule == 1:
+                width = np.minimum(block, k - (row - diag_c))  # columns of row i's block
+                bad = ((col < diag_c) | (col >= width)) & (part != 0)
+            else:
+                bad = (col == diag_c) & ((part >= np.uint32(BINARY32.sign_mask)) | (part == 0))
+            if bad.any():
+                i, c = (int(v) for v in np.argwhere(bad)[0])
+                raise EncodeError(
+                    f"tensor {name}: compensation factor entry [{r0 + i}, {c}] (binary32 word "
+                    f"0x{int(part[i, c]):08X}) {why}",
+                    hint="recompute the factor file with ninfer calibrate for this source",
+                )
     return np.ascontiguousarray(f)
 
 
