@@ -123,9 +123,7 @@ def encode_compensated_reference(
     # The part of a factor row in use, widened exactly (a binary32 memoryview's tolist) when it
     # is used: memory follows a row of B entries, not the K x B factor (verify samples whole
     # rows with this).
-    f32 = memoryview(
-        np.ascontiguousarray(factor_words, dtype=np.uint32).reshape(-1).view(np.float32)
-    )
+    f32 = np.ascontiguousarray(factor_words, dtype=np.uint32).reshape(-1).view(np.float32).data
     codes = np.zeros((n, k), dtype=np.int8)
     scales = np.zeros((n, ceil_div(k, g)), dtype=np.uint16)
     for r in range(n):
