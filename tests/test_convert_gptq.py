@@ -415,3 +415,28 @@ def test_a_factor_of_the_wrong_shape_is_refused_before_it_is_read(
         assert exc.value.tensor == "w" and exc.value.path == str(p)
         assert reads == [], shape
         p.unlink()
+
+
+def test_a_refused_row_of_a_later_block_is_named_without_re_encoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The row of a refusal in a block that starts at tensor row row0 comes from the encoder
+    itself (one encode), not from re-encoding prefixes and re-running the exact reference on
+    the row (193 s for a [1024, 4096] block with B = 4096)."""
+    from ninfer_convert.encoder import gptq_reference
+    from ninfer_convert.encoder.dispatch import encode_block
+    from ninfer_convert.formats import FORMATS
+
+    def no_reference(*_a: object, **_k: object) -> None:
+        raise AssertionError("the exact reference ran on the error path")
+
+    monkeypatch.setattr(gptq_reference, "encode_compensated_reference", no_reference)
+    fmt = FORMATS["Q4G64_F16S"]
+    x = np.random.default_rng(2).standard_normal((6, K)).astype(np.float32)
+    x[4, 150] = np.inf
+    x[5, 3] = np.nan  # a later row: the first refused row is named
+    codes, scales = np.empty((6, K), np.int8), np.empty((6, 4), np.uint16)
+    with pytest.raises(EncodeError, match="row 104, column 128: the scale search refuses") as exc:
+        encode_block(x.view(np.uint32), "F32", fmt, 100, codes, scales, "t", profile=GPTQ,
+                     importance=_weights(), factor=_factor(128))  # fmt: skip
+    assert MSE_F16_SEARCH_IW_V1 in (exc.value.hint or "")

@@ -137,12 +137,13 @@ def check_factor(
     return np.ascontiguousarray(f)
 
 
-def _refusal(tensor: str | None, row: int, column: int, reason: str) -> EncodeError:
+def _refusal(tensor: str | None, row: int, column: int, reason: str, weighted: bool) -> EncodeError:
+    plain = MSE_F16_SEARCH_IW_V1 if weighted else MSE_F16_SEARCH_V1
     return EncodeError(
         f"tensor {tensor or '<array>'}: row {row}, column {column}: {reason} under error "
         "compensation",
         hint="check the source values and the compensation factor (ninfer calibrate); "
-        "MSE_F16_SEARCH_V1 encodes the tensor without compensation",
+        f"{plain} encodes the tensor without compensation",
     )
 
 
@@ -296,6 +297,7 @@ def encode_compensated(
     *,
     tensor: str | None = None,
     row_chunk: int | None = None,
+    row0: int = 0,
     trace: npt.NDArray[np.float64] | None = None,
     weights: npt.NDArray[np.generic] | None = None,
     kernel: str = "native",
@@ -307,7 +309,8 @@ def encode_compensated(
     ``kernel`` "native" runs the C kernel (``_gptqkernel.c``) when it was built, "numpy" (or
     a build without it) the numpy encoder: the same bytes, trace and refusals.  ``row_chunk``
     rows are encoded at a time (default: :data:`ROW_CHUNK` for numpy, about
-    :data:`NATIVE_CHUNK_VALUES` values for the C kernel)."""
+    :data:`NATIVE_CHUNK_VALUES` values for the C kernel).  A refusal names its row counted
+    from ``row0`` (the tensor row of ``words``' first row, for callers that encode blocks)."""
     assert fmt.group_size is not None
     if kernel not in KERNELS:
         raise ValueError(f"unknown compensation kernel {kernel!r} (known: {', '.join(KERNELS)})")
@@ -339,7 +342,9 @@ def encode_compensated(
             _encode_chunk(x, f64, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts)
         if (failed >= 0).any():
             r = int(np.flatnonzero(failed >= 0)[0])
-            raise _refusal(tensor, r0 + r, int(failed[r]), _REASONS[int(reason[r])])
+            raise _refusal(
+                tensor, row0 + r0 + r, int(failed[r]), _REASONS[int(reason[r])], wts is not None
+            )
     return GroupedCodes(codes, scales)
 
 
