@@ -4,8 +4,13 @@ Evidence for issue 16, not product code.  For each model directory given with ``
 
 * **ninfer**: one artifact per encoder profile registered in ``formats.ENCODER_PROFILES`` that
   can produce Q4G64_F16S (``ninfer convert --jobs 2``).  A profile that needs an importance
-  vector (``EncoderProfile.importance``) is run only when this tree has a ``ninfer calibrate``
-  command to make one; otherwise it is skipped with a message (never silently).
+  vector (``EncoderProfile.importance``) gets one from ``ninfer calibrate`` on its default
+  calibration texts (run once per model, ``importance.safetensors`` in the work folder, reused
+  by ``--resume``) and ``convert --importance``; a Q tensor with no Linear input (BERT's word
+  embeddings) has no vector and takes ``MSE_F16_SEARCH_V1`` in that variant.
+* ``--embeddings bf16`` (BERT only) keeps the three embedding tables out of Q, stored BF16
+  (``f32-to-bf16-rne``) in every variant, as the issue's own measurement did; the default
+  (``quantized``) puts the word embeddings in Q.
 * **llama.cpp**: the model's F32 GGUF (``convert_hf_to_gguf.py --outtype f32``) quantized with
   ``llama-quantize ... Q4_0`` and ``... Q4_K_M``, then dequantized with gguf-py
   (``gguf.quants.dequantize``) and mapped back to the HF names.
@@ -92,8 +97,42 @@ _RULES: dict[str, tuple[str, str]] = {
 }
 
 
-def recipe_text(model_type: str, src_dtype: str, q_format: str, profile: str | None) -> str:
+# --embeddings bf16: BERT's three embedding tables leave Q and are stored BF16 in every variant.
+_BERT_EMBEDDINGS_BF16 = """\
+  - match: 're:embeddings\\.(word|position|token_type)_embeddings\\.weight'
+    format: BF16
+    conversion: [f32-to-bf16-rne]
+    role: embeddings-kept-bf16
+    evidence: [local]
+"""
+_BERT_KEPT_FP32 = "(position_embeddings|token_type_embeddings|pooler\\.dense)"
+
+# A Q tensor without a Linear input gets no importance vector: the weighted variant encodes it
+# with the weights-only search (a weighted rule without a vector is refused by convert).
+_NO_VECTOR = {"bert": "embeddings.word_embeddings.weight"}
+_UNWEIGHTED = "MSE_F16_SEARCH_V1"
+
+
+def recipe_text(
+    model_type: str,
+    src_dtype: str,
+    q_format: str,
+    profile: str | None,
+    *,
+    embeddings: str = "quantized",
+    weighted: bool = False,
+) -> str:
     head, q_match = _RULES[model_type]
+    if embeddings == "bf16":
+        if model_type != "bert":
+            raise SystemExit("--embeddings bf16 is for BERT models only")
+        head = head.replace(_BERT_KEPT_FP32, "pooler\\.dense") + _BERT_EMBEDDINGS_BF16
+    elif weighted and model_type in _NO_VECTOR:
+        head += (
+            f"  - match: {_NO_VECTOR[model_type]}\n    format: {q_format}\n"
+            f"    encoder_profile: {_UNWEIGHTED}\n    role: no-importance-vector\n"
+            "    evidence: [local]\n"
+        )
     conv = {"BF16": "bf16-to-f32", "F16": "f16-to-f32"}.get(src_dtype)
     if conv is None:  # F32 norms need no conversion
         head = head.replace("    conversion: [SRCCONV]\n", "")
@@ -276,33 +315,31 @@ def bench_model(
             print(f"[{label}] {msg}", flush=True)
             result["skipped"].append(msg)
             continue
-        if getattr(prof, "importance", False):
-            msg = f"{prof.name}: `ninfer calibrate` exists; this script cannot drive it: skipped"
-            print(f"[{label}] {msg}", flush=True)
-            result["skipped"].append(msg)
-            continue
+        weighted = bool(getattr(prof, "importance", False))
         out = mdir / f"ninfer-{prof.name}"
         vname = f"ninfer {FORMAT} {prof.name}"
         if cached(vname):
             if q_names is None:
                 q_names = quantized_names(out)
             continue
+        extra_args: list[str] = []
+        if weighted:
+            imp = mdir / "importance.safetensors"
+            if not imp.exists():  # one calibration per model (the packaged texts)
+                t_cal = run(["ninfer", "calibrate", str(src), "-o", str(imp)])
+                print(f"[{label}] ninfer calibrate: {t_cal:.0f} s", flush=True)
+            extra_args = ["--importance", str(imp)]
         rec = mdir / f"recipe-{prof.name}.yaml"
-        rec.write_text(recipe_text(model_type, src_dtype, FORMAT, prof.name))
+        rec.write_text(
+            recipe_text(
+                model_type, src_dtype, FORMAT, prof.name, embeddings=a.embeddings, weighted=weighted
+            )
+        )
         shutil.rmtree(out, ignore_errors=True)
         t = run(
-            [
-                "ninfer",
-                "convert",
-                str(src),
-                "--recipe",
-                str(rec),
-                "--output",
-                str(out),
-                "--jobs",
-                "2",
-            ]
-        )
+            ["ninfer", "convert", str(src), "--recipe", str(rec), "--output", str(out),
+             "--jobs", "2", *extra_args]
+        )  # fmt: skip
         if q_names is None:
             q_names = quantized_names(out)
         record(
@@ -351,7 +388,7 @@ def bench_model(
         del sd
         shutil.copy(src / "config.json", folder / "config.json")
         rec = mdir / f"recipe-{name}.yaml"
-        rec.write_text(recipe_text(model_type, src_dtype, "FP32", None))
+        rec.write_text(recipe_text(model_type, src_dtype, "FP32", None, embeddings=a.embeddings))
         out = mdir / f"art-{name}"
         shutil.rmtree(out, ignore_errors=True)
         run(
@@ -451,6 +488,10 @@ def main() -> None:
     ap.add_argument(
         "--peer-types", type=lambda v: v.split(","), default=list(PEER_TYPES),
         help="llama-quantize types to run (default Q4_0,Q4_K_M)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--embeddings", choices=("quantized", "bf16"), default="quantized",
+        help="BERT: word embeddings in Q (default) or all three embedding tables BF16",
     )  # fmt: skip
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()

@@ -12,7 +12,10 @@ Contract (docs/recipes.md 9):
   path; otherwise the argument must be a shipped name, compared exactly; anything else is a
   :class:`~..errors.UsageError` that lists the shipped names.  Without an argument it picks the
   one shipped recipe whose source identity (docs/recipes.md 3) matches the source; none or
-  several matching is a :class:`~..errors.UsageError` listing the candidates.
+  several matching is a :class:`~..errors.UsageError` listing the candidates.  A recipe with an
+  importance-weighted rule (:attr:`ShippedRecipe.needs_importance`) is never a candidate: it
+  needs an importance file the user chooses, and shares its identity with the canonical recipe
+  it is a variant of; it is used only by name or path.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import RecipeError, UsageError
-from ..formats import FORMATS
+from ..formats import ENCODER_PROFILES, FORMATS
 from ..source import SourceCheckpoint
 from .model import Recipe, RecipeProblems
 from .parse import load_recipe
@@ -62,6 +65,13 @@ class ShippedRecipe:
             for f in FORMATS.values()
             if f.name in roles
         ]
+
+    @property
+    def needs_importance(self) -> bool:
+        """Whether a rule selects an importance-weighted encoder profile (convert then needs
+        ``--importance``); such a recipe is never picked by source identity."""
+        profiles = (ENCODER_PROFILES.get(r.encoder_profile or "") for r in self.recipe.rules)
+        return any(p is not None and p.importance for p in profiles)
 
     def to_dict(self) -> dict[str, object]:
         """The ``ninfer recipes --json`` entry (docs/cli.md)."""
@@ -177,8 +187,15 @@ def lookup_shipped(name: str, directory: str | os.PathLike[str] | None = None) -
 def matching_recipes(
     source: SourceCheckpoint, directory: str | os.PathLike[str] | None = None
 ) -> tuple[ShippedRecipe, ...]:
-    """The shipped recipes whose source identity matches ``source``, sorted by name."""
-    return tuple(s for s in shipped_recipes(directory) if not identity_problems(s.recipe, source))
+    """The shipped recipes that picking by identity chooses among and whose source identity
+    matches ``source``, sorted by name (recipes that need importance vectors are not among
+    them)."""
+    return tuple(s for s in _candidates(directory) if not identity_problems(s.recipe, source))
+
+
+def _candidates(directory: str | os.PathLike[str] | None) -> tuple[ShippedRecipe, ...]:
+    """The shipped recipes that can be picked by identity (see the module contract)."""
+    return tuple(s for s in shipped_recipes(directory) if not s.needs_importance)
 
 
 def resolve_recipe(
@@ -202,7 +219,7 @@ def resolve_recipe(
         )
     if source is None:
         raise UsageError("resolving a recipe by identity needs the source checkpoint")
-    checked = [(s, identity_problems(s.recipe, source)) for s in shipped_recipes(directory)]
+    checked = [(s, identity_problems(s.recipe, source)) for s in _candidates(directory)]
     matches = [s for s, problems in checked if not problems]
     if len(matches) == 1:
         return ResolvedRecipe(matches[0].path, "identity", matches[0].name)
@@ -212,6 +229,11 @@ def resolve_recipe(
         why = [
             f"{s.name}: {problems[0].message.removeprefix('source identity: ')}"
             for s, problems in checked
+        ] + [
+            f"{s.name}: needs an importance file (never picked by identity; name it with "
+            f"--recipe {s.name} --importance FILE)"
+            for s in shipped_recipes(directory)
+            if s.needs_importance
         ]
         raise UsageError(
             f"no shipped recipe matches the source (config.json: {seen})"
