@@ -31,7 +31,8 @@ Contract (docs/cli.md, "ninfer calibrate"):
   pass are bounded by :data:`PASS_BYTES`: when the model's together exceed it the calibration
   texts are run again for the next batch of Linears (same tokens, same order), so memory
   follows the largest K (x B), not the model.  ``"full"`` is refused before any text is run
-  when a factor K x B x 4 bytes would exceed :data:`MAX_FULL_FACTOR_BYTES`.  Tensors that
+  when a factor K x B x 4 bytes would exceed :data:`MAX_FULL_FACTOR_BYTES`; an int B >= K is
+  ``"full"`` for that Linear (the same width and cap).  Tensors that
   share an input (q/k/v) each get their own factor (the same values, stored once per tensor).
 * The output is a new safetensors file (:mod:`~ninfer_convert.importance`); an existing file is
   never overwritten; the factors go to a second new file (a factor file).
@@ -102,10 +103,13 @@ def parse_block(value: str | int | None) -> Block | None:
 
 
 def _block_width(block: Block, k: int, name: str) -> int:
+    """The factor width of a Linear with K inputs: B, or for ``"full"`` and any B >= K (one
+    block over the whole row either way) K rounded up to 128, under the full-row cap."""
+    width = ceil_div(k, BLOCK_UNIT) * BLOCK_UNIT
     if block != "full":
         assert isinstance(block, int)
-        return block
-    width = ceil_div(k, BLOCK_UNIT) * BLOCK_UNIT
+        if block < k:
+            return block
     if k * width * 4 > MAX_FULL_FACTOR_BYTES:
         raise UsageError(
             f"--compensation-block full: {name} has K = {k}, so its factor would take "
@@ -116,12 +120,29 @@ def _block_width(block: Block, k: int, name: str) -> int:
 
 
 def compensation_factor(
-    blocks: npt.NDArray[np.float64], k: int, width: int, damping: float = DAMPING
+    blocks: npt.NDArray[np.float64],
+    k: int,
+    width: int,
+    damping: float = DAMPING,
+    *,
+    name: str | None = None,
 ) -> npt.NDArray[np.uint32]:
     """The [K, B] binary32 factor words from the diagonal blocks of H ([nblocks, B, B]
-    float64, the last one zero-padded past K): see the module contract."""
+    float64, the last one zero-padded past K): see the module contract.  Statistics that are
+    not finite (an activation overflowed in the model) or a damped block that Cholesky cannot
+    factor are an :class:`~ninfer_convert.errors.EncodeError` naming the Linear ``name``."""
     import torch
 
+    from .errors import EncodeError
+
+    hint = "check the model's activations on the calibration texts (or use other texts)"
+    if not np.isfinite(blocks).all():
+        raise EncodeError(
+            "calibration statistics X^T X / n are not finite, so no compensation factor "
+            "can be computed",
+            tensor=name,
+            hint=hint,
+        )
     lam = damping * float(np.mean([blocks[i // width, i % width, i % width] for i in range(k)]))
     if not lam > 0:
         lam = 1.0
@@ -129,8 +150,16 @@ def compensation_factor(
     for b, b0 in enumerate(range(0, k, width)):
         b1 = min(k, b0 + width)
         hb = torch.from_numpy(blocks[b, : b1 - b0, : b1 - b0] + lam * np.eye(b1 - b0))
-        inv = torch.cholesky_inverse(torch.linalg.cholesky(hb))
-        upper = torch.linalg.cholesky(inv, upper=True).numpy()
+        try:
+            inv = torch.cholesky_inverse(torch.linalg.cholesky(hb))
+            upper = torch.linalg.cholesky(inv, upper=True).numpy()
+        except RuntimeError as exc:  # torch.linalg.LinAlgError: not positive-definite
+            raise EncodeError(
+                f"the damped block of columns {b0}..{b1 - 1} of X^T X / n cannot be "
+                f"inverted by Cholesky: {exc}",
+                tensor=name,
+                hint=hint,
+            ) from None
         f[b0:b1, : b1 - b0] = np.triu(upper).astype(np.float32)  # one RNE rounding
     words = f.view(np.uint32)
     words[words == np.uint32(BINARY32.sign_mask)] = 0  # -0 left of the diagonal: one spelling
@@ -307,7 +336,9 @@ def _factors(
             if name not in acc:
                 continue
             h = (acc.pop(name) / counts[name]).numpy()
-            factors[name] = _checked(compensation_factor(h, int(m.in_features), widths[name]), name)
+            factors[name] = _checked(
+                compensation_factor(h, int(m.in_features), widths[name], name=name), name
+            )
     return factors, len(batches)
 
 

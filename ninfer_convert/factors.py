@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .container.wire import digest_hex
+from .encoder.gptq_reference import BLOCK_UNIT
 from .errors import ArtifactError, EncodeError, RecipeError, SourceError, UsageError
 from .formats import lookup_profile
 from .importance import (
@@ -43,6 +44,7 @@ from .importance import (
     stored_vectors,
     write_new_file,
 )
+from .layouts.base import ceil_div
 from .source import open_source
 from .source.header import parse_header_bytes
 
@@ -120,6 +122,9 @@ def attach_factors(
             out.append(e)
             continue
         rule = f"rule {e.rule.index + 1} (line {e.rule.line})"
+        for candidate in [e.output] if e.output in factors else [s.name for s in e.sources]:
+            if candidate in factors:  # before any entry is read (or compared)
+                _check_declared_shape(e, candidate, _declared_shape(factors, candidate), where)
         name = calibration_key(e, factors, "compensation factor")
         if name is None:
             raise RecipeError(
@@ -145,6 +150,35 @@ def attach_factors(
     return dataclasses.replace(plan, entries=tuple(out))
 
 
+def _declared_shape(factors: Mapping[str, npt.NDArray[np.uint32]], name: str) -> tuple[int, ...]:
+    """The shape of entry ``name``: from the file's header for a :class:`FactorFile` (nothing
+    of the entry is read), else of the array in memory."""
+    if isinstance(factors, FactorFile):
+        return factors.shape_of(name)
+    return tuple(int(d) for d in np.shape(factors[name]))
+
+
+def _check_declared_shape(e: PlanEntry, name: str, shape: tuple[int, ...], where: str) -> None:
+    """A factor entry for ``e`` is [K, B] with K the tensor's and B a positive multiple of 128
+    of at most K rounded up to 128 (a wider block is the same single block with +0 columns
+    added: one factor, one spelling), so what a factor file makes convert read and check is
+    bounded by the tensor's K."""
+    k = int(e.shape[-1])
+    widest = ceil_div(k, BLOCK_UNIT) * BLOCK_UNIT
+    if len(shape) == 2 and shape[0] == k and 0 < shape[1] <= widest and shape[1] % BLOCK_UNIT == 0:
+        return
+    rule = f"rule {e.rule.index + 1} (line {e.rule.line})"
+    raise EncodeError(
+        f"tensor {e.output}: the compensation factor must be [K, B] binary32 words with "
+        f"K = {k} and B a positive multiple of {BLOCK_UNIT} of at most {widest} (K rounded up "
+        f"to {BLOCK_UNIT}), got shape {list(shape)} (factor {name!r}, {rule})",
+        path=where,
+        tensor=e.output,
+        rule=rule,
+        hint="recompute the factor file with ninfer calibrate for this source",
+    )
+
+
 def stored_factors(plan: Plan) -> dict[str, npt.NDArray[np.uint32]]:
     """The factors an artifact stores: one per compensated entry, under the entry's name."""
     return {e.output: e.factor for e in plan.entries if e.factor is not None}
@@ -167,6 +201,10 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
         self._src = open_source(Path(path))
         for name, info in self._src.tensors.items():
             _check_factor_entry(name, info.dtype, info.shape, self.path)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The entry's shape from the file's header (nothing of the entry is read)."""
+        return tuple(int(d) for d in self._src.tensors[name].shape)
 
     def __getitem__(self, name: str) -> npt.NDArray[np.uint32]:
         info = self._src.tensors[name]  # KeyError for an unknown name, as a Mapping should

@@ -145,3 +145,54 @@ def test_calibrate_convert_verify_end_to_end(tiny: Path, tmp_path: Path) -> None
     assert code == 0, out + err
     code, out, _ = _run(["inspect", str(art)])
     assert code == 0 and "factor B=256" in out
+
+
+def test_a_block_at_or_above_k_is_the_whole_row_under_the_full_cap(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An integer B >= K is one block over the whole row, stored as wide as 'full' stores it
+    (K rounded up to 128) and under the same cap: a huge B must not allocate B x B float64
+    accumulators (2^20 would be 8 TiB) nor write a factor wider than the row."""
+    assert calibrate_mod._block_width(1 << 20, HIDDEN, "x") == 256
+    assert calibrate_mod._block_width(256, HIDDEN, "x") == 256
+    assert calibrate_mod._block_width(128, HIDDEN, "x") == 128
+    monkeypatch.setattr(calibrate_mod, "MAX_FULL_FACTOR_BYTES", HIDDEN * 256 * 4 - 1)
+    with pytest.raises(UsageError, match=r"over the .* byte cap"):
+        calibrate_mod._block_width(1 << 20, HIDDEN, "x")
+    with pytest.raises(UsageError, match=r"over the .* byte cap"):
+        calibrate_source(tiny, texts=TEXTS, max_tokens=8, compensation_block=1 << 20)
+    assert calibrate_mod._block_width(128, HIDDEN, "x") == 128  # a real block: no cap
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_statistics_are_a_typed_error_naming_the_linear(bad: float) -> None:
+    from ninfer_convert.errors import EncodeError
+
+    blocks = np.zeros((1, 128, 128))
+    blocks[0] = np.eye(128)
+    blocks[0, 3, 3] = bad  # an activation that overflowed in the model
+    with pytest.raises(EncodeError, match="not finite") as exc:
+        compensation_factor(blocks, 128, 128, name="model.layers.0.mlp.up_proj.weight")
+    assert exc.value.tensor == "model.layers.0.mlp.up_proj.weight"
+
+
+def test_a_block_cholesky_cannot_factor_is_a_typed_error() -> None:
+    from ninfer_convert.errors import EncodeError
+
+    blocks = np.zeros((1, 128, 128))
+    blocks[0] = -np.eye(128)  # not positive semi-definite (no X^T X is): damping cannot fix it
+    with pytest.raises(EncodeError, match="Cholesky") as exc:
+        compensation_factor(blocks, 128, 128, name="t.weight")
+    assert exc.value.tensor == "t.weight"
+
+
+def test_factors_and_output_naming_one_file_are_refused_before_the_run(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two spellings of one path: the factor file would be written there first and the
+    vectors then refused, leaving a factor file under the importance file's name."""
+    monkeypatch.chdir(tmp_path)
+    args = ["calibrate", str(tiny), "-o", "imp.safetensors", "--max-tokens", "8"]
+    code, _, err = _run([*args, "--compensation-block", "128", "--factors", "./imp.safetensors"])
+    assert code == 2 and "another file than --output" in err, err
+    assert not (tmp_path / "imp.safetensors").exists()

@@ -362,3 +362,81 @@ def test_the_dispatch_goes_through_gptqs_kernel_dispatcher(
     ref = encode_grouped_words(x, "F32", fmt, backend="oracle", profile=GPTQ,
                                importance=_weights(), factor=_factor(128))  # fmt: skip
     assert codes.tobytes() == ref.codes.tobytes() and scales.tobytes() == ref.scales.tobytes()
+
+
+def test_a_factor_wider_than_its_row_rounded_up_is_refused(tmp_path: Path) -> None:
+    """B above K rounded up to 128 is the same single block with only +0 columns added: one
+    factor, one spelling, and a bound on what a factor file can make convert read."""
+    src, _ = _source(tmp_path)
+    ip = tmp_path / "imp.safetensors"
+    write_importance_file(ip, {"w": _weights()})
+    wide = np.zeros((K, 384), np.uint32)
+    wide[:, :256] = _factor(256)
+    p = _bad(tmp_path, "wide", wide)
+    with pytest.raises(EncodeError, match="at most 256") as exc:
+        convert_checkpoint(src, _recipe(tmp_path), tmp_path / "a", device="cpu",
+                           importance=ip, factors=p)  # fmt: skip
+    assert exc.value.tensor == "w" and exc.value.path == str(p)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_factor_of_the_wrong_shape_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declared shape is checked against the tensor's K before a byte of the entry is
+    read: a hostile (sparse) file cannot make convert allocate its huge entry."""
+    import json
+    import struct
+
+    from ninfer_convert.factors import FactorFile
+
+    src, _ = _source(tmp_path)
+    ip = tmp_path / "imp.safetensors"
+    write_importance_file(ip, {"w": _weights()})
+    reads: list[str] = []
+    original = FactorFile.__getitem__
+
+    def spy(self: FactorFile, name: str) -> np.ndarray:
+        reads.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(FactorFile, "__getitem__", spy)
+    for shape in ([1 << 18, 128], [K, 128 << 10]):  # 128 MiB each, never written (sparse)
+        n = 4 * shape[0] * shape[1]
+        head = json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, n]}})
+        raw = head.encode() + b" " * (-len(head) % 8)
+        p = tmp_path / f"sparse{shape[0]}.safetensors"
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + n)
+        with pytest.raises(EncodeError, match="K = 200") as exc:
+            convert_checkpoint(src, _recipe(tmp_path), tmp_path / "a", device="cpu",
+                               importance=ip, factors=p)  # fmt: skip
+        assert exc.value.tensor == "w" and exc.value.path == str(p)
+        assert reads == [], shape
+        p.unlink()
+
+
+def test_a_refused_row_of_a_later_block_is_named_without_re_encoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The row of a refusal in a block that starts at tensor row row0 comes from the encoder
+    itself (one encode), not from re-encoding prefixes and re-running the exact reference on
+    the row (193 s for a [1024, 4096] block with B = 4096)."""
+    from ninfer_convert.encoder import gptq_reference
+    from ninfer_convert.encoder.dispatch import encode_block
+    from ninfer_convert.formats import FORMATS
+
+    def no_reference(*_a: object, **_k: object) -> None:
+        raise AssertionError("the exact reference ran on the error path")
+
+    monkeypatch.setattr(gptq_reference, "encode_compensated_reference", no_reference)
+    fmt = FORMATS["Q4G64_F16S"]
+    x = np.random.default_rng(2).standard_normal((6, K)).astype(np.float32)
+    x[4, 150] = np.inf
+    x[5, 3] = np.nan  # a later row: the first refused row is named
+    codes, scales = np.empty((6, K), np.int8), np.empty((6, 4), np.uint16)
+    with pytest.raises(EncodeError, match="row 104, column 128: the scale search refuses") as exc:
+        encode_block(x.view(np.uint32), "F32", fmt, 100, codes, scales, "t", profile=GPTQ,
+                     importance=_weights(), factor=_factor(128))  # fmt: skip
+    assert MSE_F16_SEARCH_IW_V1 in (exc.value.hint or "")

@@ -356,3 +356,60 @@ def test_compensation_lowers_the_activation_weighted_error() -> None:
     mse = encode_grouped_words(w.view(np.uint32), "F32", "Q4G64_F16S", profile=MSE_F16_SEARCH_V1)
     comp = encode_compensated_numpy(w.view(np.uint32), "F32", fmt, factor_from_gram(h))
     assert proxy(dequant(comp.codes, comp.scales)) < 0.7 * proxy(dequant(mse.codes, mse.scales))
+
+
+def test_reference_memory_follows_a_factor_row_not_the_factor() -> None:
+    """verify's oracle sample runs the reference on whole rows with the stored factor: its
+    memory must not grow with K x B (a [4096, 4096] factor held as Python floats is ~0.5 GB)."""
+    import tracemalloc
+
+    k = block = 384
+    fmt = FORMATS["Q4G64_F16S"]
+    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
+    f = identity_factor(k, block)
+    x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32).view(np.uint32)
+    tracemalloc.start()
+    try:
+        codes, _ = encode_compensated_reference(
+            x, f.view(np.uint32), fmt.group_size, fmt.qmin, fmt.qmax
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert codes.shape == (1, k)
+    assert peak < 256 << 10, peak  # the factor: 576 KiB of words, ~5 MiB as Python floats
+
+
+def test_check_factor_memory_follows_a_chunk_of_rows() -> None:
+    """convert and verify check a factor once per row block and thread: its temporaries must
+    stay a bounded chunk, not several copies of the [K, B] factor."""
+    import tracemalloc
+
+    k = 2048
+    f = identity_factor(k, k).view(np.uint32)  # 16 MiB of words
+    tracemalloc.start()
+    try:
+        check_factor(f, k, "t")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def test_check_factor_reports_the_first_rule_broken_in_rule_order() -> None:
+    """Rule order first (not finite, then +0 outside the triangle, then the diagonal), then
+    row-major: the same entry whatever chunks the check walks."""
+    k = 2048
+    f = identity_factor(k, k).view(np.uint32).copy()
+    f[0, 5] = 0x3F800000  # an upper-triangle entry: allowed
+    f[3, 1] = 0x3F800000  # left of the diagonal
+    f[2047, 2047] = 0  # a diagonal entry that is +0
+    f[2040, 2045] = 0x7F800000  # not finite, in a late chunk
+    with pytest.raises(EncodeError, match=r"\[2040, 2045\].*is not finite"):
+        check_factor(f, k, "t")
+    f[2040, 2045] = 0
+    with pytest.raises(EncodeError, match=r"\[3, 1\].*must be \+0"):
+        check_factor(f, k, "t")
+    f[3, 1] = 0
+    with pytest.raises(EncodeError, match=r"\[2047, 2047\].*must be > \+0"):
+        check_factor(f, k, "t")

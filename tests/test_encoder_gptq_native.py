@@ -374,3 +374,46 @@ def test_built_kernel_contains_no_fused_multiply_add() -> None:
     assert ops & {"subpd", "vsubpd"} and ops & {"divsd", "vdivsd"}  # the real loops are there
     fused = sorted(op for op in ops if op.startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub")))
     assert fused == []
+
+
+@native
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_refused_inside_a_full_tile_leave_their_tile_mates_exact(seed: int) -> None:
+    """The kernel encodes four rows at a time; a row refused in the middle of a tile (a NaN
+    from an extreme factor, a value beyond binary32) keeps e = +0 from there on.  Below the
+    public API (which raises at the first refusal): every surviving row's codes, scales and
+    compensated values, and every row's failing column and reason, equal numpy's."""
+    rng = np.random.default_rng(seed)
+    n, k, block = 11, 300, 256  # two full tiles and a partial one; a partial last block
+    fmt = FORMATS[GROUPED[seed % 4]]
+    f = random_factor(rng, k, block=block)
+    # A chain of small diagonals with huge entries beside them: each link multiplies a nonzero
+    # residual by 2^100, so rows of ordinary values overflow to infinity, then NaN, and are
+    # refused at different columns; rows whose values are all +-0 keep d = 0 and survive.
+    for i in range(k - 14, k - 3):
+        f[i, i % block] = np.float32(2.0**-60)
+        f[i, i % block + 1] = np.float32(-(2.0**40))
+    x = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    x[1::2] = np.where(rng.random((n // 2, k)) < 0.5, np.float32(0.0), np.float32(-0.0))
+    x[0, rng.choice(k)] = np.float32(3e38)  # refused at a group start
+    words = x.view(np.uint32)
+    fwords = gptq.check_factor(f, k, "t")
+    results = []
+    for run in (gptq._encode_chunk_native, gptq._encode_chunk):
+        w = words.view(np.float32).astype(np.float64)
+        codes = np.zeros((n, k), np.int8)
+        scales = np.zeros((n, -(-k // fmt.group_size)), np.uint16)  # type: ignore[operator]
+        failed, reason = np.full(n, -1, np.int64), np.zeros(n, np.int8)
+        trace = np.zeros((n, k))
+        native = run is gptq._encode_chunk_native
+        second = fwords if native else fwords.view(np.float32).astype(np.float64)
+        run(w, second, fmt, codes, scales, failed, reason, trace, None)  # type: ignore[operator]
+        results.append((codes, scales, failed, reason, trace))
+    (c0, s0, f0, r0, t0), (c1, s1, f1, r1, t1) = results
+    assert f0.tolist() == f1.tolist() and r0.tolist() == r1.tolist()
+    assert (f0 >= 0).sum() >= 4 and (f0 < 0).sum() >= 2, f0
+    for r in range(n):
+        end = k if f0[r] < 0 else int(f0[r])  # values before the refusal are defined too
+        assert t0[r, :end].view(np.uint64).tobytes() == t1[r, :end].view(np.uint64).tobytes()
+        if f0[r] < 0:
+            assert c0[r].tobytes() == c1[r].tobytes() and s0[r].tobytes() == s1[r].tobytes()

@@ -7,6 +7,8 @@ one summary line on stdout, the vectors in a new safetensors file (docs/cli.md).
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..calibrate import calibrate_source, parse_block, write_calibration
@@ -61,7 +63,7 @@ def command(
         )
     check_importance_output(output)  # before the model is loaded and run
     if factors_output is not None:
-        if factors_output == output:
+        if os.path.abspath(factors_output) == os.path.abspath(output):  # ./x is x
             raise UsageError("--factors must name another file than --output")
         check_importance_output(factors_output)
     texts = read_prompts(prompts_file) if prompts_file is not None else None

@@ -2,12 +2,12 @@
 :func:`encode_block` encodes a block of rows with the rule's encoder profile.
 
 Contract: GPTQ_F16_SEARCH_IW_V1 (block-compensated, docs/encoder-profiles.md) goes to the
-public :func:`.gptq.encode_compensated` with the tensor's whole factor and importance
-vector (rows never interact, so a block of rows is encoded on its own and the bytes do not
-depend on the blocking or on ``--jobs``); every other profile goes to
-:func:`.host.encode_rows`.  This module exists apart from :mod:`.host` because :mod:`.gptq`
-uses :mod:`.host` for its scale search (no import cycle).  Refusals name rows counted from the
-tensor's first row in both cases.
+public :func:`.gptq.encode_compensated` (its C kernel ``_gptqkernel.c`` when built, else
+numpy: the same bytes) with the tensor's whole factor and importance vector (rows never
+interact, so a block of rows is encoded on its own and the bytes do not depend on the blocking
+or on ``--jobs``); every other profile goes to :func:`.host.encode_rows`.  This module exists
+apart from :mod:`.host` because :mod:`.gptq` uses :mod:`.host` for its scale search (no import
+cycle).  Refusals name rows counted from the tensor's first row in both cases.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import EncodeError
 from ..formats import GPTQ_F16_SEARCH_IW_V1, MAXABS_F16_RECIP_RNE_V1, NumericFormat, lookup_profile
 from .host import ErrorSums, encode_rows
 
@@ -71,62 +70,14 @@ def encode_rows_compensated(
     kernel: str = "native",
 ) -> None:
     """GPTQ_F16_SEARCH_IW_V1 on a block of rows starting at tensor row ``row0``: the public
-    :func:`.gptq.encode_compensated` (its C kernel when built, ``kernel`` "numpy" the numpy
-    encoder: the same bytes; it checks the factor and weights again).
-    Its refusal names a row of the block; the block's first refused row is found again here
-    (the first prefix that fails) and re-run by the exact reference, whose typed failure gives
-    the column and reason, so the message counts rows from the tensor's first row."""
+    :func:`.gptq.encode_compensated` (its C kernel when built, ``kernel`` "numpy" for the
+    numpy encoder: the same bytes; it checks the factor and weights again), whose refusal
+    names the row counted from the tensor's first row (``row0``)."""
     from .gptq import encode_compensated
 
-    try:
-        got = encode_compensated(
-            words, source_dtype, fmt, factor, tensor=tensor, weights=importance, kernel=kernel
-        )
-    except EncodeError:
-        if row0 == 0:
-            raise
-        raise _compensated_refusal(
-            words, source_dtype, fmt, row0, tensor, importance, factor
-        ) from None
+    got = encode_compensated(
+        words, source_dtype, fmt, factor, tensor=tensor, weights=importance, kernel=kernel,
+        row0=row0,
+    )  # fmt: skip
     codes_out[...] = got.codes
     scales_out[...] = got.scales
-
-
-def _compensated_refusal(
-    words: npt.NDArray[np.generic],
-    source_dtype: str,
-    fmt: NumericFormat,
-    row0: int,
-    tensor: str | None,
-    importance: npt.NDArray[np.uint32],
-    factor: npt.NDArray[np.uint32],
-) -> EncodeError:
-    from .common import to_f32
-    from .gptq import encode_compensated_numpy
-    from .gptq_reference import CompensationFailure, encode_compensated_reference
-
-    assert fmt.group_size is not None and fmt.qmin is not None and fmt.qmax is not None
-    lo, hi = 0, int(words.shape[0])  # words[:hi] fails; find the shortest failing prefix
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            encode_compensated_numpy(
-                words[:mid], source_dtype, fmt, factor, tensor=tensor, weights=importance
-            )
-            lo = mid
-        except EncodeError:
-            hi = mid
-    r = hi - 1
-    x = to_f32(np.ascontiguousarray(words[r : r + 1]), source_dtype).view(np.uint32)
-    try:
-        encode_compensated_reference(
-            x, factor, fmt.group_size, fmt.qmin, fmt.qmax, weights=importance
-        )
-    except CompensationFailure as exc:
-        return EncodeError(
-            f"tensor {tensor or '<array>'}: row {row0 + r}, column {exc.column}: {exc.reason} "
-            "under error compensation",
-            hint="check the source values and the compensation factor (ninfer calibrate); "
-            "MSE_F16_SEARCH_IW_V1 encodes the tensor without compensation",
-        )
-    raise RuntimeError("the exact reference accepts a row the numpy encoder refused")

@@ -67,6 +67,15 @@ NATIVE_CHUNK_VALUES = 1 << 20
 """Values per pass of the C kernel (8 MiB of binary64): it walks four rows at a time, so the
 chunk only bounds memory and amortises the per-group Python calls."""
 
+CHECK_CHUNK_VALUES = 1 << 18
+"""Factor entries per chunk of :func:`check_factor` (its temporaries: a few MiB)."""
+
+_FACTOR_RULES = (
+    "is not finite",
+    "must be +0 (outside the upper triangle of its block)",
+    "must be > +0",
+)
+
 _SEARCH, _NONFINITE = 1, 2
 _REASONS = {
     _SEARCH: "the scale search refuses the group",
@@ -103,33 +112,38 @@ def check_factor(
         )
     block = f.shape[1]
     col = np.arange(block)[None, :]
-    row = np.arange(k)[:, None]
-    diag_c = row % block
-    width = np.minimum(block, k - (row - diag_c))  # columns of row i's block
-    must_be_zero = (col < diag_c) | (col >= width)
-    mag = f & np.uint32(BINARY32.magnitude_mask)
-    problems = (
-        ((mag >= np.uint32(BINARY32.exp_mask)), "is not finite"),
-        (must_be_zero & (f != 0), "must be +0 (outside the upper triangle of its block)"),
-        ((col == diag_c) & ((f >= np.uint32(BINARY32.sign_mask)) | (f == 0)), "must be > +0"),
-    )
-    for bad, why in problems:
-        if bad.any():
-            i, c = (int(v) for v in np.argwhere(bad)[0])
-            raise EncodeError(
-                f"tensor {name}: compensation factor entry [{i}, {c}] (binary32 word "
-                f"0x{int(f[i, c]):08X}) {why}",
-                hint="recompute the factor file with ninfer calibrate for this source",
-            )
+    # Rule by rule, then row-major (the first entry of the first rule broken), over chunks of
+    # rows so that the temporaries stay about CHECK_CHUNK_VALUES entries, not K x B.
+    rows = max(1, CHECK_CHUNK_VALUES // block)
+    for rule, why in enumerate(_FACTOR_RULES):
+        for r0 in range(0, k, rows):
+            part = f[r0 : r0 + rows]
+            row = np.arange(r0, r0 + part.shape[0])[:, None]
+            diag_c = row % block
+            if rule == 0:
+                bad = (part & np.uint32(BINARY32.magnitude_mask)) >= np.uint32(BINARY32.exp_mask)
+            elif rule == 1:
+                width = np.minimum(block, k - (row - diag_c))  # columns of row i's block
+                bad = ((col < diag_c) | (col >= width)) & (part != 0)
+            else:
+                bad = (col == diag_c) & ((part >= np.uint32(BINARY32.sign_mask)) | (part == 0))
+            if bad.any():
+                i, c = (int(v) for v in np.argwhere(bad)[0])
+                raise EncodeError(
+                    f"tensor {name}: compensation factor entry [{r0 + i}, {c}] (binary32 word "
+                    f"0x{int(part[i, c]):08X}) {why}",
+                    hint="recompute the factor file with ninfer calibrate for this source",
+                )
     return np.ascontiguousarray(f)
 
 
-def _refusal(tensor: str | None, row: int, column: int, reason: str) -> EncodeError:
+def _refusal(tensor: str | None, row: int, column: int, reason: str, weighted: bool) -> EncodeError:
+    plain = MSE_F16_SEARCH_IW_V1 if weighted else MSE_F16_SEARCH_V1
     return EncodeError(
         f"tensor {tensor or '<array>'}: row {row}, column {column}: {reason} under error "
         "compensation",
         hint="check the source values and the compensation factor (ninfer calibrate); "
-        "MSE_F16_SEARCH_V1 encodes the tensor without compensation",
+        f"{plain} encodes the tensor without compensation",
     )
 
 
@@ -283,6 +297,7 @@ def encode_compensated(
     *,
     tensor: str | None = None,
     row_chunk: int | None = None,
+    row0: int = 0,
     trace: npt.NDArray[np.float64] | None = None,
     weights: npt.NDArray[np.generic] | None = None,
     kernel: str = "native",
@@ -294,7 +309,8 @@ def encode_compensated(
     ``kernel`` "native" runs the C kernel (``_gptqkernel.c``) when it was built, "numpy" (or
     a build without it) the numpy encoder: the same bytes, trace and refusals.  ``row_chunk``
     rows are encoded at a time (default: :data:`ROW_CHUNK` for numpy, about
-    :data:`NATIVE_CHUNK_VALUES` values for the C kernel)."""
+    :data:`NATIVE_CHUNK_VALUES` values for the C kernel).  A refusal names its row counted
+    from ``row0`` (the tensor row of ``words``' first row, for callers that encode blocks)."""
     assert fmt.group_size is not None
     if kernel not in KERNELS:
         raise ValueError(f"unknown compensation kernel {kernel!r} (known: {', '.join(KERNELS)})")
@@ -326,7 +342,9 @@ def encode_compensated(
             _encode_chunk(x, f64, fmt, codes[r0:r1], scales[r0:r1], failed, reason, part, wts)
         if (failed >= 0).any():
             r = int(np.flatnonzero(failed >= 0)[0])
-            raise _refusal(tensor, r0 + r, int(failed[r]), _REASONS[int(reason[r])])
+            raise _refusal(
+                tensor, row0 + r0 + r, int(failed[r]), _REASONS[int(reason[r])], wts is not None
+            )
     return GroupedCodes(codes, scales)
 
 

@@ -120,7 +120,10 @@ def encode_compensated_reference(
     block = int(np.asarray(factor_words).shape[1])
     if block % g or block % BLOCK_UNIT:
         raise ValueError("the block width must be a multiple of 128")
-    f = [[_f32(int(v)) for v in row] for row in np.asarray(factor_words).reshape(k, block)]
+    # The part of a factor row in use, widened exactly (a binary32 memoryview's tolist) when it
+    # is used: memory follows a row of B entries, not the K x B factor (verify samples whole
+    # rows with this).
+    f32 = np.ascontiguousarray(factor_words, dtype=np.uint32).reshape(-1).view(np.float32).data
     codes = np.zeros((n, k), dtype=np.int8)
     scales = np.zeros((n, ceil_div(k, g)), dtype=np.uint16)
     for r in range(n):
@@ -145,8 +148,9 @@ def encode_compensated_reference(
                         trace[r, i] = w[i]
                     q = 0 if s == 0.0 else _nearest_code(w[i], s, qmin, qmax)
                     codes[r, i] = q
+                    fi = f32[block * i + i - b0 : block * i + b1 - b0].tolist()  # u(i, i..b1-1)
                     d = w[i] - s * q  # s * q is exact; one rounding in the subtraction
-                    e = d / f[i][i - b0]
+                    e = d / fi[0]
                     for j in range(i + 1, b1):
-                        w[j] = w[j] - e * f[i][j - b0]
+                        w[j] = w[j] - e * fi[j - i]
     return codes, scales
