@@ -131,7 +131,7 @@ def attach_factors(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
                 f"the factor file has no factor named {e.output!r}",
                 path=where,
-                rule=rule,
+                where=f"recipe {rule}",
                 hint="run ninfer calibrate --compensation-block B --factors FILE on the same "
                 "model, or give this tensor another profile",
             )
@@ -142,7 +142,7 @@ def attach_factors(
                 f"{exc.message} (factor {name!r}, {rule})",
                 path=where,
                 tensor=e.output,
-                rule=rule,
+                where=f"recipe {rule}",
                 hint=exc.hint,
             ) from None
         words.flags.writeable = False
@@ -174,7 +174,7 @@ def _check_declared_shape(e: PlanEntry, name: str, shape: tuple[int, ...], where
         f"to {BLOCK_UNIT}), got shape {list(shape)} (factor {name!r}, {rule})",
         path=where,
         tensor=e.output,
-        rule=rule,
+        where=f"recipe {rule}",
         hint="recompute the factor file with ninfer calibrate for this source",
     )
 

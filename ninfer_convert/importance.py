@@ -96,7 +96,7 @@ def calibration_key(
         raise RecipeError(
             f"tensor {entry.output}: its sources have different {what}s "
             f"({', '.join(names)}), so no single {what} covers its columns",
-            rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
+            where=f"recipe rule {entry.rule.index + 1} at line {entry.rule.line}",
             hint=f"add an entry named {entry.output!r} to the file",
         )
     return None
@@ -112,7 +112,7 @@ def _check_transforms(entry: PlanEntry) -> None:
                 f"tensor {entry.output}: rule {entry.rule.index + 1} applies a {t.op} "
                 "transform, which moves or regroups the input columns an importance vector "
                 "is indexed by",
-                rule=f"rule {entry.rule.index + 1} (line {entry.rule.line})",
+                where=f"recipe rule {entry.rule.index + 1} at line {entry.rule.line}",
                 hint="MSE_F16_SEARCH_IW_V1 takes tensors without transforms, or a row concat "
                 "(axis 0) of rank-two inputs; use MSE_F16_SEARCH_V1 for this rule",
             )
@@ -147,7 +147,7 @@ def attach_importance(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
                 f"the importance file has no vector named {e.output!r}",
                 path=where,
-                rule=f"rule {e.rule.index + 1} (line {e.rule.line})",
+                where=f"recipe rule {e.rule.index + 1} at line {e.rule.line}",
                 hint="calibrate the same model (ninfer calibrate) or give this tensor another "
                 "profile",
             )

@@ -225,7 +225,9 @@ def test_refusals_of_missing_factors(tmp_path: Path) -> None:
         convert_checkpoint(src, recipe, tmp_path / "a", device="cpu", importance=ip,
                            factors=other)  # fmt: skip
     assert exc.value.tensor is None or exc.value.tensor == "w"
-    assert exc.value.rule is not None and "rule 1" in exc.value.rule
+    # The recipe location is context (``where``), not a normative rule: no "rule rule 1".
+    assert exc.value.where is not None and "recipe rule 1" in exc.value.where
+    assert "rule rule" not in str(exc.value)
     assert exc.value.path == str(other)
     assert "ninfer calibrate" in (exc.value.hint or "")
     iw = _recipe(tmp_path, MSE_F16_SEARCH_IW_V1)
