@@ -266,7 +266,7 @@ def test_hostile_factor_files_are_refused_naming_file_tensor_and_rule(tmp_path: 
             convert_checkpoint(src, recipe, tmp_path / "a", device="cpu", importance=ip,
                                factors=p)  # fmt: skip
         assert exc.value.tensor == "w" and exc.value.path == str(p), name
-        assert exc.value.rule is not None and "rule 1" in exc.value.rule
+        assert exc.value.where is not None and "recipe rule 1" in exc.value.where
         assert "ninfer calibrate" in (exc.value.hint or "")
     # Not [K, B] with B a multiple of 128, or not F32: refused when the file is opened.
     narrow = tmp_path / "narrow.safetensors"
