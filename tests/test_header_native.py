@@ -405,3 +405,71 @@ def test_a_rule_reference_is_one_instance_whichever_path_decoded_its_entry() -> 
     fast = RuleRef.from_json(dict(rule), "rule", memo)
     checked = RuleRef.checked_from_json(dict(rule), "rule", memo)
     assert fast is checked
+
+
+def _nest(levels: int) -> bytes:
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+_OPENS = {"escaped key", "config at the schema's depth bound"}
+
+
+def _golden_variants() -> list[tuple[str, bytes]]:
+    """Hostile edits of a real header at the byte level, each reaching a different check."""
+    blob = (Path(__file__).parent / "golden" / "BF16.ninfer").read_bytes()
+    h_off, h_len = struct.unpack_from("<QQ", blob, 16)
+    text = blob[h_off : h_off + h_len]
+    name, config = b'"name":"w"', b'"config":null'
+    assert name in text and config in text
+    deep = typed_json.HEADER_DEPTH - 3  # config's own level and those below it
+    out = [
+        ("bom", b"\xef\xbb\xbf" + text),
+        ("trailing garbage", text + b"x"),
+        ("trailing object", text + b"{}"),
+        ("trailing NUL", text + b"\x00"),
+        (
+            "config at the schema's depth bound",
+            text.replace(config, b'"config":' + _nest(deep - 1)),
+        ),
+        ("config at the scan's depth bound", text.replace(config, b'"config":' + _nest(deep))),
+        ("config past it", text.replace(config, b'"config":' + _nest(deep + 1))),
+        ("unclosed config", text.replace(config, b'"config":' + b"[" * (deep + 1))),
+        ("repeated key", text.replace(name, name + b"," + name)),
+        ("repeated key, other value", text.replace(name, name + b',"name":"v"')),
+        ("escaped key", text.replace(name, b'"n\\u0061me":"w"')),
+        ("lone surrogate", text.replace(name, b'"name":"\\ud800"')),
+        ("reversed pair", text.replace(name, b'"name":"\\udc00\\ud800"')),
+        ("escaped control", text.replace(name, b'"name":"\\u0001"')),
+        ("raw tab", text.replace(name, b'"name":"\t"')),
+        ("overlong UTF-8", text.replace(name, b'"name":"\xc0\xaf"')),
+        ("UTF-8 surrogate", text.replace(name, b'"name":"\xed\xa0\x80"')),
+        ("name too long", text.replace(name, b'"name":"' + "\U0001f600".encode() * 4097 + b'"')),
+    ]
+    for literal in [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"9" * 5000, b"-0", b"1.0",
+                    b"true", b"01", b"+1"]:  # fmt: skip
+        out.append(
+            (
+                f"alignment {literal[:8]!r}",
+                text.replace(b'"alignment":64', b'"alignment":' + literal),
+            )
+        )
+        out.append((f"config {literal[:8]!r}", text.replace(config, b'"config":' + literal)))
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("what", "raw"), _golden_variants(), ids=[w for w, _ in _golden_variants()]
+)
+def test_hostile_edits_of_a_real_header_get_the_message_they_got_before_the_c_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, raw: bytes
+) -> None:
+    # Each edit reaches a different check (encoding, nesting, JSON syntax, repeated keys,
+    # literals, the schema); with the C scan the reader runs them in the documented order
+    # and must give the very outcome the parse-first order gives.
+    path = tmp_path / SINGLE_NAME
+    blob = (Path(__file__).parent / "golden" / "BF16.ninfer").read_bytes()
+    write_raw_header(path, blob[: struct.unpack_from("<Q", blob, 16)[0]], raw)
+    native, python = _both(path, monkeypatch)
+    assert native == python, what
+    assert native[0] == ("opened" if what in _OPENS else "refused"), (what, native)

@@ -499,3 +499,94 @@ def test_a_shared_descriptor_still_sees_the_file_change(tmp_path: Path) -> None:
         f.write(b"\0")
     with pytest.raises(SourceError, match="changed during conversion"):
         src.read("b")
+
+
+def _sharded_source(root: Path, count: int) -> Path:
+    """A model directory of ``count`` weight files, one small tensor each."""
+    root.mkdir()
+    weight_map = {}
+    for i in range(count):
+        file = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+        save_file({f"t{i}": torch.full((4,), float(i))}, str(root / file))
+        weight_map[f"t{i}"] = file
+    (root / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_reads_of_more_weight_files_than_the_descriptor_limit_allow_succeed(
+    tmp_path: Path,
+) -> None:
+    # A checkpoint of hundreds of weight files under a small `ulimit -n` (256 is macOS's
+    # default): the shared descriptors stay bounded in number, so every read succeeds.
+    resource = pytest.importorskip("resource")
+    from ninfer_convert.source.checkpoint import MAX_OPEN_WEIGHT_FILES
+
+    root = _sharded_source(tmp_path / "m", 3 * MAX_OPEN_WEIGHT_FILES)
+    src = open_source(root)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + MAX_OPEN_WEIGHT_FILES + 8, hard))
+    try:
+        for i in range(3 * MAX_OPEN_WEIGHT_FILES):
+            assert src.read(f"t{i}").words.view(np.float32).tolist() == [float(i)] * 4
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    held = sum(_fds_on(root / f) for f, _ in src.files)
+    assert 1 <= held <= MAX_OPEN_WEIGHT_FILES
+    src.close()
+    assert sum(_fds_on(root / f) for f, _ in src.files) == 0
+
+
+def test_close_during_a_read_leaves_that_read_its_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # close() (an interrupted run unwinding) while a worker thread is inside its pread: the
+    # descriptor must not be closed under that read (its number could be reused by another
+    # file meanwhile); it is closed when the read is done.
+    from ninfer_convert.source import checkpoint
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.ones(4), "b": torch.zeros(4)}, str(path))
+    src = open_source(path)
+    real_pread = os.pread
+
+    def pread_closing(fd: int, n: int, offset: int) -> bytes:
+        src.close()
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(checkpoint.os, "pread", pread_closing)
+    assert src.read("a").words.view(np.float32).tolist() == [1.0] * 4
+    monkeypatch.undo()
+    if os.path.isdir("/proc/self/fd"):
+        assert _fds_on(path) == 0
+    assert src.read("b").words.view(np.float32).tolist() == [0.0] * 4  # opened again
+
+
+def test_a_descriptor_evicted_while_in_use_stays_open_until_its_read_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With one shared descriptor, a read of another file from inside a read evicts the first
+    # file's descriptor: the first read must still complete on it.
+    from ninfer_convert.source import checkpoint
+
+    root = _sharded_source(tmp_path / "m", 3)
+    monkeypatch.setattr(checkpoint, "MAX_OPEN_WEIGHT_FILES", 1)
+    src = open_source(root)
+    real_pread = os.pread
+    nested: list[list[float]] = []
+    started: list[bool] = []
+
+    def pread_reading_another(fd: int, n: int, offset: int) -> bytes:
+        if not started:
+            started.append(True)
+            nested.append(src.read("t1").words.view(np.float32).tolist())
+            nested.append(src.read("t2").words.view(np.float32).tolist())
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(checkpoint.os, "pread", pread_reading_another)
+    assert src.read("t0").words.view(np.float32).tolist() == [0.0] * 4
+    assert nested == [[1.0] * 4, [2.0] * 4]
+    monkeypatch.undo()
+    if os.path.isdir("/proc/self/fd"):
+        assert sum(_fds_on(root / f) for f, _ in src.files) <= 1

@@ -39,20 +39,26 @@ Contract:
   every offender.  ``config.json`` and the shard index are read the same way (regular files,
   never blocking, at most :data:`~.json_files.MAX_JSON_FILE_BYTES`: :mod:`.json_files`).
 * Nothing here writes; reading is thread-safe (each read maps or ``pread``s its own region).
-  Each weight file is opened once, at its first read, and its descriptor is shared by every
-  later read of that file (opening the file per tensor cost about 13 us, a tenth of a tiny
-  tensor's conversion); :meth:`SourceCheckpoint.close` (or collecting the object) closes
-  them, and must not run while a read is in flight.  Every read still checks the file's size
-  (``fstat``) against the size it had when it was opened.
+  A weight file is opened at its first read, and its descriptor is shared by the later reads
+  of that file (opening the file per tensor cost about 13 us, a tenth of a tiny tensor's
+  conversion).  At most :data:`MAX_OPEN_WEIGHT_FILES` stay open between reads, the least
+  recently used closed first, so a checkpoint of hundreds of files reads under a small
+  ``ulimit -n``; a descriptor is never closed under a read that uses it (an evicted one, or
+  one :meth:`SourceCheckpoint.close` closes while a read is in flight, is closed when that
+  read ends), so its number cannot be reused by another file mid-read.
+  :meth:`SourceCheckpoint.close` (or collecting the object) closes them.  Every read still
+  checks the file's size (``fstat``) against the size it had when it was opened.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +75,7 @@ from .header import DTYPES, SafetensorsHeader
 from .side_files import SideFileSource
 
 __all__ = [
+    "MAX_OPEN_WEIGHT_FILES",
     "SMALL_READ_BYTES",
     "SourceArray",
     "SourceCheckpoint",
@@ -82,6 +89,10 @@ DIGEST_PREFIX = SOURCE_DIGEST_PREFIX
 
 SourceKind = Literal["hf-dir", "safetensors-file"]
 
+
+MAX_OPEN_WEIGHT_FILES = 32
+"""Weight files whose descriptors a :class:`SourceCheckpoint` keeps open between reads
+(reads go through the files in plan order, so a few cover a conversion)."""
 
 SMALL_READ_BYTES = 64 * 1024
 """Tensors up to this size are read with one ``pread``, larger ones are memory-mapped."""
@@ -169,9 +180,8 @@ class SourceCheckpoint:
         self._root = root
         self._sizes = dict(files)
         self._paths: dict[str, Path] = {}  # weight file -> its path, built once per file
-        self._fds: dict[str, int] = {}  # weight file -> its descriptor, opened at first read
-        self._fd_lock = threading.Lock()
-        weakref.finalize(self, _close_fds, self._fds)
+        self._fds = _SharedDescriptors()
+        weakref.finalize(self, self._fds.close)
 
     def __repr__(self) -> str:
         return (
@@ -190,25 +200,9 @@ class SourceCheckpoint:
         self.close()
 
     def close(self) -> None:
-        """Close the weight files opened by reads (a later read opens its file again); not
-        while a read is in flight."""
-        _close_fds(self._fds)
-
-    def _fd(self, file: str, fpath: Path, name: str) -> int:
-        """The shared read-only descriptor of weight file ``file`` (opened at first use)."""
-        fd = self._fds.get(file)
-        if fd is None:
-            with self._fd_lock:  # one descriptor per file, even when two reads race for it
-                fd = self._fds.get(file)
-                if fd is None:
-                    try:
-                        fd = os.open(fpath, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-                    except OSError as exc:
-                        raise SourceError(
-                            f"cannot open: {exc.strerror or exc}", path=str(fpath), tensor=name
-                        ) from exc
-                    self._fds[file] = fd
-        return fd
+        """Close the weight files opened by reads (a later read opens its file again); a
+        descriptor a read in flight uses is closed when that read ends."""
+        self._fds.close()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)
@@ -239,7 +233,13 @@ class SourceCheckpoint:
         if fpath is None:
             fpath = self._paths[info.file] = self._root / info.file
         dt = np.dtype(info.word_dtype)
-        fd = self._fd(info.file, fpath, name)
+        try:
+            slot = self._fds.lend(info.file, fpath)
+        except OSError as exc:
+            raise SourceError(
+                f"cannot open: {exc.strerror or exc}", path=str(fpath), tensor=name
+            ) from exc
+        fd = slot.fd
         try:
             size = os.fstat(fd).st_size
             if size != self._sizes[info.file]:
@@ -276,6 +276,8 @@ class SourceCheckpoint:
             raise SourceError(
                 f"cannot read: {exc.strerror or exc}", path=str(fpath), tensor=name
             ) from exc
+        finally:
+            self._fds.give_back(slot)  # a map holds the file by itself
         digest = digest_bytes(raw)
         if info.dtype == "BOOL" and raw.size and int(raw.max()) > 1:
             bad = int(np.argmax(raw > 1))
@@ -287,11 +289,71 @@ class SourceCheckpoint:
         return SourceArray(info=info, words=words, digest=digest)
 
 
-def _close_fds(fds: dict[str, int]) -> None:
-    """Close and forget the descriptors of :attr:`SourceCheckpoint._fds`."""
-    while fds:
-        _, fd = fds.popitem()
-        os.close(fd)
+class _Slot:
+    """One shared descriptor: the reads using it now, and whether it left the table (then the
+    last of them closes it)."""
+
+    __slots__ = ("detached", "fd", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.detached = False
+
+
+class _SharedDescriptors:
+    """The read-only weight-file descriptors of one :class:`SourceCheckpoint` (see the module
+    contract): lent to a read by :meth:`lend`, handed back by :meth:`give_back`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, _Slot] = OrderedDict()  # least recently lent first
+
+    def lend(self, file: str, path: Path) -> _Slot:
+        """The descriptor of weight file ``file`` at ``path`` (opened if it is not open),
+        in use until :meth:`give_back`; ``OSError`` when it cannot be opened."""
+        with self._lock:
+            slot = self._open.get(file)
+            if slot is None:
+                slot = _Slot(self._open_fd(path))
+                self._open[file] = slot
+                while len(self._open) > MAX_OPEN_WEIGHT_FILES:
+                    self._detach(self._open.popitem(last=False)[1])
+            else:
+                self._open.move_to_end(file)
+            slot.users += 1
+            return slot
+
+    def give_back(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.users -= 1
+            if slot.detached and slot.users == 0:
+                os.close(slot.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            while self._open:
+                self._detach(self._open.popitem()[1])
+
+    def _open_fd(self, path: Path) -> int:
+        flags = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+        try:
+            return os.open(path, flags)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._open:
+                raise
+        # Out of descriptors: give back the idle ones this source holds and try once more.
+        for file, slot in list(self._open.items()):
+            if slot.users == 0:
+                del self._open[file]
+                self._detach(slot)
+        return os.open(path, flags)
+
+    @staticmethod
+    def _detach(slot: _Slot) -> None:
+        slot.detached = True
+        if slot.users == 0:
+            os.close(slot.fd)
 
 
 def _info(header: SafetensorsHeader, file: str) -> dict[str, SourceTensorInfo]:
