@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mse_kernel_fixtures import kernel, kernel_paths
 
 from ninfer_convert.encoder import host
 from ninfer_convert.encoder.mse_reference import candidate_scales_reference, encode_mse_reference
 from ninfer_convert.formats import FORMATS, MSE_F16_SEARCH_V1
-from ninfer_convert.native import optional_module
 
-kernel = optional_module("_msekernel")
 pytestmark = pytest.mark.skipif(kernel is None, reason="C MSE kernel not built")
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 F16_INF = 0x7C00
@@ -39,24 +38,7 @@ FRACTIONS = {
 }
 
 
-def _paths() -> list[str]:
-    if kernel is None:
-        return []
-    default = kernel.kernel_path()
-    out = []
-    try:
-        for name in ("sse2", "avx2", "avx512"):
-            try:
-                kernel.kernel_path(name)
-                out.append(name)
-            except ValueError:
-                pass
-    finally:
-        kernel.kernel_path(default)
-    return out
-
-
-PATHS = _paths()
+PATHS = kernel_paths()
 
 
 def _native(words: np.ndarray, source: str, fmt: str, path: str) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from mse_kernel_fixtures import kernel, kernel_paths
 
 from ninfer_convert.encoder import host
 from ninfer_convert.encoder.corpus import mse_boundary_corpus
@@ -29,31 +30,12 @@ from ninfer_convert.encoder.mse_reference import (
 )
 from ninfer_convert.encoder.oracle import BINARY16, BINARY32, decode_binary
 from ninfer_convert.formats import FORMATS, MSE_F16_SEARCH_V1
-from ninfer_convert.native import optional_module
 
-kernel = optional_module("_msekernel")
 pytestmark = pytest.mark.skipif(kernel is None, reason="C MSE kernel not built")
 GROUPED = ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S"]
 
 
-def _paths() -> list[str]:
-    if kernel is None:
-        return []
-    default = kernel.kernel_path()
-    out = []
-    try:
-        for name in ("sse2", "avx2", "avx512"):
-            try:
-                kernel.kernel_path(name)
-                out.append(name)
-            except ValueError:
-                pass
-    finally:
-        kernel.kernel_path(default)
-    return out
-
-
-PATHS = _paths()
+PATHS = kernel_paths()
 
 
 def _groups(fmt: str) -> list[np.ndarray]:
