@@ -442,3 +442,26 @@ def test_a_refused_row_of_a_later_block_is_named_without_re_encoding(
         encode_block(x.view(np.uint32), "F32", fmt, 100, codes, scales, "t", profile=GPTQ,
                      importance=_weights(), factor=_factor(128))  # fmt: skip
     assert MSE_F16_SEARCH_IW_V1 in (exc.value.hint or "")
+
+
+def test_the_dispatch_does_not_recheck_the_attached_factor_for_every_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The plan's factor and vector were checked once when attached; per block that check
+    # cost about a sixth of the encode ([K, B] = [5120, 128], blocks of 2^19 values).
+    from ninfer_convert.encoder import gptq
+    from ninfer_convert.encoder.dispatch import encode_block
+    from ninfer_convert.formats import FORMATS
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("the factor was checked again in the row-block dispatch")
+
+    monkeypatch.setattr(gptq, "check_factor", refuse)
+    fmt = FORMATS["Q4G64_F16S"]
+    x = np.random.default_rng(5).standard_normal((4, K)).astype(np.float32).view(np.uint32)
+    codes, scales = np.empty((4, K), np.int8), np.empty((4, 4), np.uint16)
+    encode_block(x, "F32", fmt, 0, codes, scales, "t", profile=GPTQ, importance=_weights(),
+                 factor=_factor(128))  # fmt: skip
+    monkeypatch.undo()
+    ref = gptq.encode_compensated(x, "F32", fmt, _factor(128), weights=_weights())
+    assert codes.tobytes() == ref.codes.tobytes() and scales.tobytes() == ref.scales.tobytes()

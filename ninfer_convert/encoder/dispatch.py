@@ -71,13 +71,15 @@ def encode_rows_compensated(
 ) -> None:
     """GPTQ_F16_SEARCH_IW_V1 on a block of rows starting at tensor row ``row0``: the public
     :func:`.gptq.encode_compensated` (its C kernel when built, ``kernel`` "numpy" for the
-    numpy encoder: the same bytes; it checks the factor and weights again), whose refusal
-    names the row counted from the tensor's first row (``row0``)."""
+    numpy encoder: the same bytes), whose refusal names the row counted from the tensor's
+    first row (``row0``).  ``importance`` and ``factor`` are the plan entry's attached words,
+    checked once per tensor when they were attached (``attach_importance``,
+    ``attach_factors``), so they are not checked again for every row block."""
     from .gptq import encode_compensated
 
     got = encode_compensated(
         words, source_dtype, fmt, factor, tensor=tensor, weights=importance, kernel=kernel,
-        row0=row0,
+        row0=row0, checked=True,
     )  # fmt: skip
     codes_out[...] = got.codes
     scales_out[...] = got.scales

@@ -30,7 +30,7 @@ Memory follows the row chunk: one binary64 copy of :data:`ROW_CHUNK` rows (numpy
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -301,9 +301,13 @@ def encode_compensated(
     trace: npt.NDArray[np.float64] | None = None,
     weights: npt.NDArray[np.generic] | None = None,
     kernel: str = "native",
+    checked: bool = False,
 ) -> GroupedCodes:
     """Encode an [N, K] matrix of source words with its [K, B] factor (checked here);
     ``weights`` ([K] binary32 importance words, checked here) weight the scale search.
+    ``checked``: the factor and weights are the words :func:`check_factor` and
+    ``check_weights`` already returned for this K (a plan entry's attached ones), so a caller
+    that encodes a tensor block by block does not check them again for every block.
     ``trace`` ([N, K] C-contiguous float64, for tests) receives the compensated value each code
     was chosen from, so that parity can be checked on every intermediate, not only on codes.
     ``kernel`` "native" runs the C kernel (``_gptqkernel.c``) when it was built, "numpy" (or
@@ -316,9 +320,13 @@ def encode_compensated(
         raise ValueError(f"unknown compensation kernel {kernel!r} (known: {', '.join(KERNELS)})")
     native = kernel == "native" and _native is not None
     n, k = words.shape
-    fwords = check_factor(factor, k, tensor)
+    if checked:
+        fwords = cast("npt.NDArray[np.uint32]", factor)
+        wts = None if weights is None else cast("npt.NDArray[np.uint32]", weights)
+    else:
+        fwords = check_factor(factor, k, tensor)
+        wts = None if weights is None else check_weights(weights, k, tensor)
     f64 = None if native else fwords.view(np.float32).astype(np.float64)
-    wts = None if weights is None else check_weights(weights, k, tensor)
     if trace is not None and (
         trace.dtype != np.float64 or trace.shape != (n, k) or not trace.flags.c_contiguous
     ):
