@@ -50,9 +50,11 @@ Contract:
   before any tensor is read (:func:`~.importance.attach_importance`); the ones used are stored
   as the side file importance.safetensors and each tensor's provenance records its digest.
 * ``factors`` (GPTQ_F16_SEARCH_IW_V1 rules, which need ``importance`` too): a factor file,
-  read lazily; each such entry's [K, B] factor is attached and checked before any tensor is
-  read (:func:`~.importance.attach_factors`); the ones used are stored as the side file
-  compensation.safetensors, and provenance records each factor's digest and block width.
+  read lazily; each such entry's [K, B] factor is checked before any tensor is read
+  (:func:`~.factors.attach_factors`) and then dropped: the entry keeps a reference, and the
+  factor is read again (its digest checked) only while its tensor is encoded and while the
+  side file compensation.safetensors is written, one factor at a time; provenance records
+  each factor's digest and block width.
 """
 
 from __future__ import annotations
@@ -75,7 +77,6 @@ from .artifact_metadata import artifact_metadata
 from .card import (
     README_NAME,
     SOURCE_README_NAME,
-    add_bytes_file,
     add_text_file,
     copied_side_files,
     render_readme,
@@ -427,8 +428,8 @@ def _add_side_files(
         writer.add_file(path, name)
     if card is not None:
         add_text_file(writer, README_NAME, card)
-    for name, _, data in generated_files(plan):
-        add_bytes_file(writer, name, data())
+    for name, size, chunks in generated_files(plan):
+        writer.add_stream(name, size, chunks())  # a factor at a time, never the whole file
 
 
 def _sign_and_commit(

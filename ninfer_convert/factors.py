@@ -6,21 +6,29 @@ is a safetensors file like an importance file (:mod:`.importance`) whose tensors
 two-dimensional ``F32`` [K, B] factors (B a positive multiple of 128) keyed by source weight
 name; ``ninfer calibrate --factors`` writes one, ``ninfer convert --factors`` reads it lazily
 (:class:`FactorFile`: only the factors a rule uses are read), and the converter stores the
-factors it used as the side file :data:`FACTOR_FILE` (bytes by :func:`factor_bytes`, the same
-pure function of the arrays as the importance side file), each tensor's provenance recording
-the factor's digest (:func:`factor_digest`) and its block width.  Factor values are checked
-where they are attached (:func:`~ninfer_convert.encoder.gptq.check_factor`: finite, positive
-diagonal, +0 outside the upper triangle of each block, [K, B]); a broken one is an
+factors it used as the side file :data:`FACTOR_FILE` (the bytes of :func:`factor_bytes`, the
+same pure function of the arrays as the importance side file, written streaming by
+:func:`factor_chunks`), each tensor's provenance recording the factor's digest
+(:func:`factor_digest`) and its block width.  Factor values are checked where they are
+attached (:func:`~ninfer_convert.encoder.gptq.check_factor`: finite, positive diagonal, +0
+outside the upper triangle of each block, [K, B]); a broken one is an
 :class:`~ninfer_convert.errors.EncodeError` naming the file, the tensor and the rule.
+
+Memory: a plan entry holds a :class:`FactorRef` (where the factor is, its shape and digest),
+never the words: attaching reads each factor once to check and digest it and drops it, and
+:meth:`FactorRef.words` reads it again for the one tensor being encoded (or verified) and
+checks the digest, so a factor file changed during the run is an ``EncodeError``, and peak
+memory follows the largest factor, not the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +44,9 @@ from .importance import (
     calibration_key,
     check_safetensors_suffix,
     f32_file_bytes,
+    f32_file_header,
     f32_file_size,
+    f32_file_size_of,
     frozen_words,
     importance_bytes,
     load_importance,
@@ -46,7 +56,7 @@ from .importance import (
 )
 from .layouts.base import ceil_div
 from .source import open_source
-from .source.header import parse_header_bytes
+from .source.header import MAX_HEADER_BYTES, parse_header_bytes
 
 if TYPE_CHECKING:
     from .recipe.plan import Plan, PlanEntry
@@ -54,10 +64,14 @@ if TYPE_CHECKING:
 __all__ = [
     "FACTOR_FILE",
     "FactorFile",
+    "FactorRef",
+    "SideFileFactors",
     "attach_calibration",
     "attach_factors",
     "factor_bytes",
+    "factor_chunks",
     "factor_digest",
+    "factor_words",
     "factors_from_artifact",
     "generated_files",
     "needs_factor",
@@ -72,11 +86,65 @@ FACTOR_FILE = "compensation.safetensors"
 def factor_digest(words: npt.NDArray[np.uint32]) -> str:
     """xxh3-128 (32 lowercase hex digits) of the factor's row-major little-endian binary32
     bytes: the tensor's ``provenance.factor``."""
-    return digest_hex(np.ascontiguousarray(words, dtype="<u4").tobytes())
+    return digest_hex(np.ascontiguousarray(words, dtype="<u4").data.cast("B"))
 
 
 def needs_factor(entry: PlanEntry) -> bool:
     return entry.encoder_profile is not None and lookup_profile(entry.encoder_profile).factor
+
+
+@dataclass(frozen=True)
+class FactorRef:
+    """A checked compensation factor by reference: the entry ``name`` of ``store`` (a factor
+    file, the artifact's side file, or a mapping in memory) that tensor ``tensor`` uses, its
+    [K, B] ``shape`` and the :func:`factor_digest` of the words that were checked; ``where``
+    names the file in messages.  The words are not kept (see the module's "Memory")."""
+
+    store: Mapping[str, npt.NDArray[np.uint32]] = dataclasses.field(repr=False)
+    name: str
+    tensor: str
+    shape: tuple[int, int]
+    digest: str
+    where: str
+
+    @property
+    def block(self) -> int:
+        """The block width B (``provenance.factor_block``)."""
+        return self.shape[1]
+
+    def words(self) -> npt.NDArray[np.uint32]:
+        """The factor's [K, B] binary32 words (read-only), read again from ``store``: an
+        :class:`~ninfer_convert.errors.EncodeError` naming the tensor when they are not the
+        words that were checked (the file changed since)."""
+        words = _as_words(self.store[self.name])
+        got = factor_digest(words) if words.shape == self.shape else None
+        if got != self.digest:
+            raise EncodeError(
+                f"tensor {self.tensor}: the compensation factor {self.name!r} changed after it "
+                f"was checked (digest {self.digest}, now "
+                + (f"{got})" if got is not None else f"shape {list(words.shape)})"),
+                path=self.where,
+                tensor=self.tensor,
+                hint="do not modify the factor file while ninfer runs; run it again",
+            )
+        return words
+
+
+def _as_words(factor: npt.NDArray[np.generic]) -> npt.NDArray[np.uint32]:
+    """Binary32 words as read-only contiguous native uint32 (no copy when they are already)."""
+    f = np.asarray(factor)
+    if f.dtype == np.float32:
+        f = f.view(np.uint32)
+    out = np.ascontiguousarray(f, dtype=np.uint32).view()  # a view: the caller's flags stay
+    out.flags.writeable = False
+    return out
+
+
+def factor_words(entry: PlanEntry) -> npt.NDArray[np.uint32] | None:
+    """The entry's compensation factor words, read for the tensor about to be encoded or
+    verified (:meth:`FactorRef.words`), or None when it has none."""
+    ref = entry.factor
+    return None if ref is None else ref.words()
 
 
 def factor_bytes(
@@ -103,7 +171,9 @@ def attach_factors(
     present, [K, B] with B a multiple of 128, the factor rules of
     :func:`~ninfer_convert.encoder.gptq.check_factor`).  Run after :func:`attach_importance`
     (which refuses column-moving transforms for every importance profile).  ``where`` names
-    the factor file (or the artifact) in messages.  Factors of other tensors are not read."""
+    the factor file (or the artifact) in messages.  Factors of other tensors are not read.
+    Each entry gets a :class:`FactorRef`: its factor is read once here (with the factor of a
+    row concat's other parts, compared one at a time) and dropped."""
     from .encoder.gptq import check_factor
 
     todo = [e for e in plan.entries if needs_factor(e)]
@@ -145,15 +215,17 @@ def attach_factors(
                 where=f"recipe {rule}",
                 hint=exc.hint,
             ) from None
-        words.flags.writeable = False
-        out.append(dataclasses.replace(e, factor=words))
+        k, b = (int(d) for d in words.shape)
+        ref = FactorRef(factors, name, e.output, (k, b), factor_digest(words), where)
+        del words  # read again when the tensor is encoded: only those in flight are held
+        out.append(dataclasses.replace(e, factor=ref))
     return dataclasses.replace(plan, entries=tuple(out))
 
 
 def _declared_shape(factors: Mapping[str, npt.NDArray[np.uint32]], name: str) -> tuple[int, ...]:
     """The shape of entry ``name``: from the file's header for a :class:`FactorFile` (nothing
     of the entry is read), else of the array in memory."""
-    if isinstance(factors, FactorFile):
+    if isinstance(factors, (FactorFile, SideFileFactors)):
         return factors.shape_of(name)
     return tuple(int(d) for d in np.shape(factors[name]))
 
@@ -179,9 +251,22 @@ def _check_declared_shape(e: PlanEntry, name: str, shape: tuple[int, ...], where
     )
 
 
-def stored_factors(plan: Plan) -> dict[str, npt.NDArray[np.uint32]]:
+def stored_factors(plan: Plan) -> dict[str, FactorRef]:
     """The factors an artifact stores: one per compensated entry, under the entry's name."""
     return {e.output: e.factor for e in plan.entries if e.factor is not None}
+
+
+def factor_chunks(factors: Mapping[str, FactorRef]) -> Iterator[bytes | memoryview]:
+    """The bytes of :func:`factor_bytes` of the referenced factors, as chunks: the length
+    prefix and header (known from the shapes), then each factor's words in name order, each
+    read when its chunk is asked for (so one factor is in memory at a time) and checked
+    against its digest (:meth:`FactorRef.words`)."""
+    text = f32_file_header({n: r.shape for n, r in factors.items()}, None)
+    yield struct.pack("<Q", len(text)) + text
+    for name in sorted(factors):
+        words = np.ascontiguousarray(factors[name].words(), dtype="<u4")
+        yield words.data.cast("B")
+        del words
 
 
 class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
@@ -220,23 +305,56 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
         return name in self._src.tensors
 
 
-def factors_from_artifact(
-    data: bytes | None, where: str
-) -> Mapping[str, npt.NDArray[np.uint32]] | None:
-    """Parse the artifact's factor side file (already digest-checked by the caller)."""
+class SideFileFactors(Mapping[str, npt.NDArray[np.uint32]]):
+    """The factors of a factor side file read in parts: ``read(offset, size)`` returns those
+    bytes of the ``size``-byte file (the artifact's pinned descriptor, or bytes in memory).
+    The header is read and checked here (an :class:`~ninfer_convert.errors.ArtifactError`
+    naming ``where``); each factor is read when it is asked for, and not kept."""
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, where: str) -> None:
+        self._read = read
+        try:
+            head = read(0, min(size, 8))
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            fits = len(head) == 8 and n <= MAX_HEADER_BYTES and 8 + n <= size
+            header = parse_header_bytes(
+                read(0, 8 + n) if fits else head, FACTOR_FILE, file_size=size
+            )
+            for name, entry in header.tensors.items():
+                _check_factor_entry(name, entry.dtype, entry.shape, FACTOR_FILE)
+        except (UsageError, SourceError) as exc:
+            raise ArtifactError(
+                f"the factor side file is invalid: {exc.message}", path=where
+            ) from None
+        self._entries = header.tensors
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The entry's shape from the header (nothing of the entry is read)."""
+        return tuple(int(d) for d in self._entries[name].shape)
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.uint32]:
+        entry = self._entries[name]  # KeyError for an unknown name, as a Mapping should
+        k, b = entry.shape
+        data = self._read(entry.begin, 4 * k * b)
+        words = np.frombuffer(data, dtype="<u4").astype(np.uint32, copy=False)
+        return _as_words(words.reshape(k, b))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+def factors_from_artifact(data: bytes | None, where: str) -> SideFileFactors | None:
+    """The factors of a factor side file held in memory (already digest-checked by the
+    caller); verify reads the artifact's in parts instead (:class:`SideFileFactors`)."""
     if data is None:
         return None
-    try:
-        header = parse_header_bytes(data, FACTOR_FILE)
-        out: dict[str, npt.NDArray[np.uint32]] = {}
-        for name, entry in header.tensors.items():
-            _check_factor_entry(name, entry.dtype, entry.shape, FACTOR_FILE)
-            k, b = entry.shape
-            words = np.frombuffer(data, dtype="<u4", count=k * b, offset=entry.begin)
-            out[name] = frozen_words(words).reshape(k, b)
-    except (UsageError, SourceError) as exc:
-        raise ArtifactError(f"the factor side file is invalid: {exc.message}", path=where) from None
-    return MappingProxyType(out)
+    return SideFileFactors(lambda offset, size: data[offset : offset + size], len(data), where)
 
 
 def _check_factor_entry(name: str, dtype: str, shape: tuple[int, ...], where: str) -> None:
@@ -290,15 +408,22 @@ def attach_calibration(
     return plan
 
 
-def generated_files(plan: Plan) -> list[tuple[str, int, Callable[[], bytes]]]:
-    """(name, exact size, bytes) of the side files the plan's calibration data makes: the
-    importance vectors and the factors used, each file only when some tensor uses one."""
-    out: list[tuple[str, int, Callable[[], bytes]]] = []
+GeneratedFile = tuple[str, int, Callable[[], Iterable[bytes | memoryview]]]
+"""(name, exact size, the bytes as chunks) of a side file convert generates."""
+
+
+def generated_files(plan: Plan) -> list[GeneratedFile]:
+    """(name, exact size, chunks) of the side files the plan's calibration data makes: the
+    importance vectors and the factors used, each file only when some tensor uses one.  The
+    sizes come from the plan (no factor is read); the factors' chunks are
+    :func:`factor_chunks` (one factor in memory at a time)."""
+    out: list[GeneratedFile] = []
     vectors = stored_vectors(plan)
     if vectors:
         flat = {k: np.asarray(v).reshape(-1) for k, v in vectors.items()}
-        out.append((IMPORTANCE_FILE, f32_file_size(flat), lambda: importance_bytes(vectors)))
+        out.append((IMPORTANCE_FILE, f32_file_size(flat), lambda: [importance_bytes(vectors)]))
     factors = stored_factors(plan)
     if factors:
-        out.append((FACTOR_FILE, f32_file_size(factors), lambda: factor_bytes(factors)))
+        size = f32_file_size_of({n: r.shape for n, r in factors.items()})
+        out.append((FACTOR_FILE, size, lambda: factor_chunks(factors)))
     return out

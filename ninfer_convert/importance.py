@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -46,7 +47,9 @@ __all__ = [
     "check_importance_output",
     "check_safetensors_suffix",
     "f32_file_bytes",
+    "f32_file_header",
     "f32_file_size",
+    "f32_file_size_of",
     "frozen_words",
     "importance_bytes",
     "load_importance",
@@ -192,22 +195,33 @@ def importance_bytes(
 def f32_file_size(arrays: Mapping[str, npt.NDArray[np.uint32]]) -> int:
     """``len(factor_bytes(arrays))`` (or of :func:`importance_bytes` for vectors) without
     building the data: what the converter plans for the side file."""
-    text = _f32_header(arrays, None)
-    return 8 + len(text) + 4 * sum(int(np.asarray(a).size) for a in arrays.values())
+    return f32_file_size_of(_shapes(arrays))
 
 
-def _f32_header(
-    arrays: Mapping[str, npt.NDArray[np.uint32]], metadata: Mapping[str, str] | None
+def f32_file_size_of(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """The size of the canonical file of arrays of these shapes (:func:`f32_file_size` from
+    the shapes alone: what the converter plans for a side file it writes streaming)."""
+    text = f32_file_header(shapes, None)
+    return 8 + len(text) + 4 * sum(math.prod(s) for s in shapes.values())
+
+
+def _shapes(arrays: Mapping[str, npt.NDArray[np.uint32]]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(int(d) for d in np.shape(a)) for name, a in arrays.items()}
+
+
+def f32_file_header(
+    shapes: Mapping[str, tuple[int, ...]], metadata: Mapping[str, str] | None
 ) -> bytes:
+    """The JSON header of the canonical file of arrays of these shapes (without its 8-byte
+    length prefix): names sorted, data offsets in that order, compact with sorted keys, padded
+    with spaces to a multiple of 8 bytes.  The data follows it in name order."""
     header: dict[str, object] = {}
     offset = 0
-    names = sorted(arrays)
-    for name in names:
-        a = np.asarray(arrays[name])
-        n = int(a.size)
+    for name in sorted(shapes):
+        n = math.prod(shapes[name])
         header[name] = {
             "dtype": "F32",
-            "shape": [int(d) for d in a.shape],
+            "shape": [int(d) for d in shapes[name]],
             "data_offsets": [offset, offset + 4 * n],
         }
         offset += 4 * n
@@ -222,7 +236,7 @@ def f32_file_bytes(
 ) -> bytes:
     """The canonical safetensors bytes of binary32 arrays (importance and factor files)."""
     names = sorted(arrays)
-    text = _f32_header(arrays, metadata)
+    text = f32_file_header(_shapes(arrays), metadata)
     body = b"".join(
         np.ascontiguousarray(arrays[name], dtype="<u4").reshape(-1).tobytes() for name in names
     )

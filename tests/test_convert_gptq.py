@@ -17,7 +17,13 @@ from ninfer_convert import encode_grouped_words, open_artifact
 from ninfer_convert.calibrate import compensation_factor
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.errors import EncodeError, RecipeError, UsageError
-from ninfer_convert.factors import FACTOR_FILE, factor_bytes, factor_digest, write_factor_file
+from ninfer_convert.factors import (
+    FACTOR_FILE,
+    factor_bytes,
+    factor_digest,
+    factors_from_artifact,
+    write_factor_file,
+)
 from ninfer_convert.formats import GPTQ_F16_SEARCH_IW_V1, MSE_F16_SEARCH_IW_V1
 from ninfer_convert.importance import IMPORTANCE_FILE, write_importance_file
 from ninfer_convert.inspect import inspect_artifact
@@ -202,7 +208,7 @@ def test_verify_catches_a_consistent_factor_swap(tmp_path: Path) -> None:
 
         original = checks.stored_factor_set
         try:
-            checks.stored_factor_set = lambda _a: checks.factors_from_artifact(other, "x")
+            checks.stored_factor_set = lambda _a: factors_from_artifact(other, "x")
             found = importance_findings(art)
         finally:
             checks.stored_factor_set = original

@@ -260,6 +260,59 @@ class Artifact:
         assert data is not None
         return data
 
+    def check_side_file(self, name: str) -> None:
+        """:meth:`read_side_file`'s checks and errors, reading the file in chunks and keeping
+        nothing: for a side file too large to hold, read in parts by :meth:`read_side_range`."""
+        problem, _ = self._side_check(self._side_file(name), keep=False)
+        if problem is not None:
+            raise problem
+
+    def read_side_range(self, name: str, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of the recorded side file ``name``, through the
+        descriptor pinned at open and within its recorded size (a range past it is a
+        :class:`UsageError`).  The part is not digest-checked: :meth:`check_side_file` checks
+        the whole file, and a caller that reads a part later checks that part itself."""
+        f = self._side_file(name)
+        if offset < 0 or size < 0 or offset + size > f.size:
+            raise UsageError(
+                f"bytes [{offset}, {offset + size}) are outside the side file {name!r} of "
+                f"{f.size} bytes",
+                path=str(self.directory / name),
+            )
+        handle = self._side.get(name)
+        path = str(self.directory / name)
+        if handle is None or (handle.fd is None and handle.error is None):
+            raise UsageError("the artifact is closed", path=str(self.path))
+        if handle.error is not None:
+            raise IntegrityError(f"side file {name!r}: {handle.error.message}", path=path)
+        assert handle.fd is not None
+        parts: list[bytes] = []
+        pos = offset
+        try:
+            while pos < offset + size:
+                chunk = os.pread(handle.fd, offset + size - pos, pos)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                pos += len(chunk)
+        except OSError as exc:
+            raise IntegrityError(f"side file {name!r}: {exc.strerror}", path=path) from None
+        if pos != offset + size:
+            raise IntegrityError(
+                f"side file {name!r} ends at byte {pos}, before its recorded {f.size} bytes",
+                path=path,
+            )
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _side_file(self, name: str) -> SideFile:
+        f = self.side_files.get(name)
+        if f is None:
+            raise UsageError(
+                f"no side file {name!r} in this artifact; it records {sorted(self.side_files)}",
+                path=str(self.path),
+            )
+        return f
+
     # -- payload -----------------------------------------------------------------------------
 
     def _info(self, name: str) -> TensorInfo:

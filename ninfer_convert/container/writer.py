@@ -13,7 +13,7 @@ Contract:
   task of ``convert --ray``, :mod:`ninfer_convert.cluster`), after checking its header entries
   and its size; the writer then takes no other tensor.
 * ``add_file`` copies a side file (config.json, tokenizer files) into the model directory
-  (:mod:`.sidefiles`).
+  (:mod:`.sidefiles`); ``add_stream`` writes a generated one of a declared size from chunks.
 * ``commit`` appends each shard's header, names the shards (``model.ninfer``, or
   ``model-0000i-of-0000N.ninfer`` plus ``model.ninfer.index.json``), fsyncs files and the
   staging directory and publishes it at ``out_dir`` with :mod:`.publish` (an atomic exchange
@@ -338,6 +338,16 @@ class ArtifactWriter(ShardWriter):
         reported is copied, and a file that shrinks or grows meanwhile is a SourceError."""
         self._require_open()
         return self._side_files.add(self.staging, src_path, dest_name)
+
+    def add_stream(
+        self, dest_name: str, size: int, chunks: Iterable[bytes | bytearray | memoryview]
+    ) -> SideFile:
+        """Write a generated side file (the importance vectors, the compensation factors) of
+        exactly ``size`` bytes into the model directory from ``chunks``, consumed one at a
+        time, so the file never has to be held whole; the names are those of
+        :meth:`add_file`, and chunks that add up to another size are a UsageError."""
+        self._require_open()
+        return self._side_files.add_stream(self.staging, dest_name, size, chunks)
 
     # -- commit / abort ------------------------------------------------------------------------
 

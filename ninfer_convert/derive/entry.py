@@ -27,6 +27,7 @@ import numpy.typing as npt
 from ..encoder import encode_grouped_words
 from ..encoder.parity import spot_check_rows
 from ..errors import EncodeError
+from ..factors import factor_words
 from ..formats import MAXABS_F16_RECIP_RNE_V1, lookup_format
 from ..layouts import lookup_layout
 from ..logical import GroupedCodes, LogicalTensor
@@ -99,7 +100,7 @@ def derive_logical(
             threads=threads,
             profile=profile,
             importance=entry.importance,
-            factor=entry.factor,
+            factor=factor_words(entry),
         )
     else:
         encode_input = None
@@ -161,7 +162,7 @@ def derive_packed(
             enc.words, enc.source_dtype, entry.format, tensor=entry.output,
             threads=threads, on_block=on_block, out=out,
             profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1, sink=sink,
-            importance=entry.importance, factor=entry.factor,
+            importance=entry.importance, factor=factor_words(entry),
         )  # fmt: skip
         return PackedTensor(entry, planes, source_digests, None, enc)
     if fmt.is_grouped and device == "cuda" and out is not None:
@@ -256,7 +257,7 @@ def host_grouped_equals(
         enc.words, enc.source_dtype, entry.format, stored, tensor=entry.output,
         threads=threads, on_block=on_block, digests=digests,
         profile=entry.encoder_profile or MAXABS_F16_RECIP_RNE_V1,
-        importance=entry.importance, factor=entry.factor,
+        importance=entry.importance, factor=factor_words(entry),
     )  # fmt: skip
     return equal, source_digests, enc
 

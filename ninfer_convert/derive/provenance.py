@@ -22,7 +22,6 @@ from ..container.schema import (
     Transform,
     TransposeTransform,
 )
-from ..factors import factor_digest
 from ..importance import vector_digest
 from ..recipe import PlanEntry
 
@@ -49,6 +48,6 @@ def provenance_of(entry: PlanEntry) -> Provenance:
         rule=RuleRef(entry.rule.index, entry.rule.line, entry.rule.pattern),
         constraints=entry.constraints,
         importance=None if entry.importance is None else vector_digest(entry.importance),
-        factor=None if entry.factor is None else factor_digest(entry.factor),
-        factor_block=None if entry.factor is None else int(entry.factor.shape[1]),
+        factor=None if entry.factor is None else entry.factor.digest,
+        factor_block=None if entry.factor is None else entry.factor.block,
     )

@@ -72,9 +72,11 @@ def encode_rows_compensated(
     """GPTQ_F16_SEARCH_IW_V1 on a block of rows starting at tensor row ``row0``: the public
     :func:`.gptq.encode_compensated` (its C kernel when built, ``kernel`` "numpy" for the
     numpy encoder: the same bytes), whose refusal names the row counted from the tensor's
-    first row (``row0``).  ``importance`` and ``factor`` are the plan entry's attached words,
-    checked once per tensor when they were attached (``attach_importance``,
-    ``attach_factors``), so they are not checked again for every row block."""
+    first row (``row0``).  ``importance`` and ``factor`` are the plan entry's attached words
+    (the factor read for this tensor by ``FactorRef.words``, digest-checked against the words
+    checked when it was attached), checked once per tensor when they were attached
+    (``attach_importance``, ``attach_factors``), so they are not checked again for every row
+    block."""
     from .gptq import encode_compensated
 
     got = encode_compensated(

@@ -151,8 +151,10 @@ class PlanEntry(_PlanJSON):
     """MSE_F16_SEARCH_IW_V1 only: the [K] binary32 importance words (a read-only numpy
     uint32 array) attached by :func:`ninfer_convert.importance.attach_importance`."""
     factor: Any = field(default=None, compare=False, repr=False, metadata=not_json())
-    """GPTQ_F16_SEARCH_IW_V1 only: the [K, B] binary32 compensation factor words (a read-only
-    numpy uint32 array, checked) attached by :func:`ninfer_convert.factors.attach_factors`."""
+    """GPTQ_F16_SEARCH_IW_V1 only: a :class:`ninfer_convert.factors.FactorRef` to the checked
+    [K, B] compensation factor (its shape and digest; never the words, so a plan holds no
+    factor), attached by :func:`ninfer_convert.factors.attach_factors`; its ``words()`` reads
+    the factor for the tensor being encoded."""
 
     @property
     def numel(self) -> int:

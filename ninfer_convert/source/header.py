@@ -261,25 +261,32 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
     return _checked_header(p, raw, file_size)
 
 
-def parse_header_bytes(data: bytes, where: str) -> SafetensorsHeader:
+def parse_header_bytes(
+    data: bytes, where: str, *, file_size: int | None = None
+) -> SafetensorsHeader:
     """Validate a whole safetensors file held in memory by the rules of :func:`parse_header`
-    (``where`` names it in errors and is the header's ``path``)."""
-    if len(data) < 8:
+    (``where`` names it in errors and is the header's ``path``).  ``file_size``: ``data`` is
+    only the file's beginning (its length prefix and header, when they fit in the file) and
+    this is the whole file's size (a file read in parts)."""
+    size = len(data) if file_size is None else file_size
+    if size < 8:
         raise SourceError(
-            f"file is {len(data)} bytes, too small for a safetensors header",
+            f"file is {size} bytes, too small for a safetensors header",
             kind="source_header",
             path=where,
             hint="the file is truncated or not a safetensors file",
         )
     (n,) = struct.unpack("<Q", data[:8])
-    if n > MAX_HEADER_BYTES or 8 + n > len(data):
+    if n > MAX_HEADER_BYTES or 8 + n > size:
         raise SourceError(
-            f"header length {n} runs past the end of the {len(data)}-byte file",
+            f"header length {n} runs past the end of the {size}-byte file",
             kind="source_header",
             path=where,
             hint="the file is truncated",
         )
-    return _checked_header(Path(where), bytes(data[8 : 8 + n]), len(data))
+    if 8 + n > len(data):
+        raise ValueError("data must hold the length prefix and the whole header")
+    return _checked_header(Path(where), bytes(data[8 : 8 + n]), size)
 
 
 def _checked_header(p: Path, raw: bytes, file_size: int) -> SafetensorsHeader:

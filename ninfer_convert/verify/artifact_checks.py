@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from ..container import Artifact
 from ..errors import ArtifactError, IntegrityError, NinferError
-from ..factors import FACTOR_FILE, factor_digest, factors_from_artifact
+from ..factors import FACTOR_FILE, SideFileFactors, factor_digest
 from ..importance import IMPORTANCE_FILE, vector_digest, vectors_from_artifact
 from .report import Finding
 
@@ -39,10 +39,17 @@ def stored_importance(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | N
 
 
 def stored_factor_set(art: Artifact) -> Mapping[str, npt.NDArray[np.uint32]] | None:
-    """The artifact's compensation factors (its side file, digest-checked on read), or None."""
+    """The artifact's compensation factors, or None: its side file is digest-checked here in
+    chunks (the :class:`~ninfer_convert.errors.IntegrityError` of ``read_side_file``), and
+    each factor is read from it when it is asked for (one at a time: the side file can be
+    many times the largest factor)."""
     if FACTOR_FILE not in art.side_files:
         return None
-    return factors_from_artifact(art.read_side_file(FACTOR_FILE), str(art.path))
+    art.check_side_file(FACTOR_FILE)
+    size = art.side_files[FACTOR_FILE].size
+    return SideFileFactors(
+        lambda offset, n: art.read_side_range(FACTOR_FILE, offset, n), size, str(art.path)
+    )
 
 
 def artifact_level_findings(art: Artifact) -> list[Finding]:
@@ -118,12 +125,16 @@ def _side_file_findings(
         if name not in stored:
             out.append(problem(f"provenance.{key} is {digest} but the side file has no "
                                f"entry named {name!r}", name))  # fmt: skip
-        elif digest_of(stored[name]) != digest:
-            out.append(problem(f"provenance.{key} is {digest} but the side file's entry "
-                               f"has digest {digest_of(stored[name])}", name))  # fmt: skip
-        elif key == "factor" and blocks[name] != int(stored[name].shape[1]):
-            out.append(problem(f"provenance.factor_block is {blocks[name]} but the side "
-                               f"file's factor is {stored[name].shape[1]} wide", name))  # fmt: skip
+            continue
+        value = stored[name]  # one entry at a time (a factor is read here, then dropped)
+        got, width = digest_of(value), int(value.shape[-1])
+        del value
+        if got != digest:
+            out.append(problem(f"tensor {name}: provenance.{key} is {digest} but the side "
+                               f"file's entry has digest {got}", name))  # fmt: skip
+        elif key == "factor" and blocks[name] != width:
+            out.append(problem(f"tensor {name}: provenance.factor_block is {blocks[name]} but "
+                               f"the side file's factor is {width} wide", name))  # fmt: skip
     for name in sorted(set(stored) - set(recorded)):
         out.append(problem(f"the side file has an entry {name!r} for a tensor that records no "
                            f"{key} digest", name))  # fmt: skip

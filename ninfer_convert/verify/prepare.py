@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..container import Artifact
 from ..errors import ArtifactError, NinferError, SourceError
-from ..factors import attach_factors, factor_digest
+from ..factors import attach_factors
 from ..importance import attach_importance, vector_digest
 from .artifact_checks import stored_factor_set, stored_importance
 from .report import Finding, SourceUse
@@ -254,7 +254,7 @@ def _header_problems(info: TensorInfo, entry: PlanEntry) -> list[str]:
         problems.append(
             f"importance digest {prov.importance}, the stored vector's is {want_importance}"
         )
-    want_factor = None if entry.factor is None else factor_digest(entry.factor)
+    want_factor = None if entry.factor is None else entry.factor.digest
     if prov.factor != want_factor:
         problems.append(f"factor digest {prov.factor}, the stored factor's is {want_factor}")
     if prov.conversion != entry.conversion:

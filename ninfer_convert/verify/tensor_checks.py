@@ -412,7 +412,7 @@ def _oracle_check(
     if entry.factor is not None:  # compensated: whole rows with the exact reference
         checked, mismatches = oracle_sample_rows(
             fmt, name, enc.words, enc.source_dtype, found, ctx.oracle_groups, ctx.seed,  # type: ignore[arg-type]  # rows by slices only
-            entry.importance, entry.factor, shape=shape,
+            entry.importance, entry.factor.words(), shape=shape,
         )  # fmt: skip
     else:
         checked, mismatches = oracle_sample(
