@@ -6,14 +6,12 @@ RssAnon is sampled."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
+from rss_fixtures import peak_rss_anon_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,32 +86,6 @@ def _checkpoint(root: Path) -> None:
             f.write(data)
 
 
-def _peak_rss_anon_mib(cmd: list[str]) -> tuple[float, str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            try:
-                with open(f"/proc/{proc.pid}/status") as f:
-                    for line in f:
-                        if line.startswith("RssAnon:"):
-                            peak = max(peak, int(line.split()[1]))
-            except OSError:
-                return
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    out, _ = proc.communicate()
-    done.set()
-    sampler.join()
-    assert proc.returncode == 0, out
-    return peak / 1024, out
-
-
 def test_convert_and_verify_hold_blocks_not_tensors(tmp_path: Path) -> None:
     src, out = tmp_path / "src", tmp_path / "out"
     _checkpoint(src)
@@ -134,7 +106,7 @@ def test_convert_and_verify_hold_blocks_not_tensors(tmp_path: Path) -> None:
         print("ok")
         """
     )
-    peak, output = _peak_rss_anon_mib([sys.executable, "-c", script])
+    peak, output = peak_rss_anon_mib([sys.executable, "-c", script])
     assert output.strip().endswith("ok")
     assert peak < CEILING_MIB, f"peak RssAnon {peak:.0f} MiB"
     print(f"peak RssAnon {peak:.0f} MiB")

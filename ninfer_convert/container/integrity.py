@@ -6,8 +6,9 @@ fixed order: file by file in shard order, the header digest, the index's digest 
 shard, then each tensor in stored order with the gaps before its planes and, when asked, its
 plane digests; the side files come last (:class:`~.artifact.Artifact` checks them in
 recorded order).  Plane bytes and side files are read in chunks of at most
-:data:`~.dir_snapshot.CHUNK_BYTES`, through the mapping and the descriptors pinned at open,
-never beyond a side file's recorded size.
+:data:`~.dir_snapshot.CHUNK_BYTES` (a side-file check that keeps nothing: of
+:data:`SIDE_CHUNK_BYTES`, into one buffer), through the mapping and the descriptors pinned at
+open, never beyond a side file's recorded size.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from .schema import IndexFile, SideFile
 from .wire import PRELUDE_SIZE, new_digest
 
 __all__ = ["container_problems", "gap_problems", "plane_digest", "side_file_check"]
+
+SIDE_CHUNK_BYTES = 8 << 20
+"""Bytes read per call by a side-file check that keeps nothing (into one reused buffer)."""
 
 
 def container_problems(
@@ -129,15 +133,22 @@ def side_file_check(
     h = new_digest()
     parts: list[bytes] = []
     pos = 0
+    # A check that keeps nothing reads into one reused buffer of SIDE_CHUNK_BYTES: a side file
+    # (compensation.safetensors can be GBs) costs that much memory, not two read chunks.
+    buf = None if keep else memoryview(bytearray(min(SIDE_CHUNK_BYTES, f.size)))
     try:
         while pos < f.size:
-            chunk = os.pread(handle.fd, min(CHUNK_BYTES, f.size - pos), pos)
-            if not chunk:
-                break
-            h.update(chunk)
-            if keep:
+            if buf is None:
+                chunk = os.pread(handle.fd, min(CHUNK_BYTES, f.size - pos), pos)
                 parts.append(chunk)
-            pos += len(chunk)
+                n = len(chunk)
+                h.update(chunk)
+            else:
+                n = os.preadv(handle.fd, [buf[: min(SIDE_CHUNK_BYTES, f.size - pos)]], pos)
+                h.update(buf[:n])
+            if not n:
+                break
+            pos += n
     except OSError as exc:
         return IntegrityError(f"side file {f.name!r}: {exc.strerror}", path=path), None
     if pos != f.size or h.hexdigest() != f.digest:
