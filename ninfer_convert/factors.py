@@ -100,7 +100,7 @@ class FactorRef:
     [K, B] ``shape`` and the :func:`factor_digest` of the words that were checked; ``where``
     names the file in messages.  The words are not kept (see the module's "Memory")."""
 
-    store: Mapping[str, npt.NDArray[np.uint32]] = dataclasses.field(repr=False)
+    store: Mapping[str, npt.NDArray[np.uint32]] = dataclasses.field(repr=False, compare=False)
     name: str
     tensor: str
     shape: tuple[int, int]
@@ -286,6 +286,11 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
         self._src = open_source(Path(path))
         for name, info in self._src.tensors.items():
             _check_factor_entry(name, info.dtype, info.shape, self.path)
+
+    def __reduce__(self) -> tuple[type[FactorFile], tuple[str]]:
+        # By path (reopened, its header checked again): plan entries travel to the shard
+        # tasks of convert --ray, whose FactorRef.words() then checks each factor's digest.
+        return (FactorFile, (self.path,))
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """The entry's shape from the file's header (nothing of the entry is read)."""

@@ -244,3 +244,17 @@ def test_verify_findings_of_an_edited_side_file_name_the_tensor(tmp_path: Path) 
     assert [(c, t) for c, t, _ in found] == [("integrity", None), ("source-words", "a")], found
     assert "compensation.safetensors" in found[0][2] and "digest" in found[0][2]
     assert "cannot be used" in found[1][2]
+
+
+def test_plan_entries_pickle_with_references_not_words(tmp_path: Path) -> None:
+    """convert --ray ships the plan's entries to its shard tasks (ray.put): a FactorRef
+    travels as the factor file's path, its entry, shape and digest, and reads the words there."""
+    import pickle
+
+    src, recipe, imp, fac = _inputs(tmp_path)
+    _, plan = plan_conversion(src, recipe, importance=imp, factors=fac)
+    data = pickle.dumps(list(plan.entries))
+    assert len(data) < 4 * K * 128  # less than the smallest factor: no words travel
+    for before, after in zip(plan.entries, pickle.loads(data), strict=True):
+        assert after.factor == before.factor and isinstance(after.factor.store, FactorFile)
+        assert after.factor.words().tobytes() == before.factor.words().tobytes()
