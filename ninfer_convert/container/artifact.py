@@ -31,7 +31,7 @@ from ..logical import DirectWords, GroupedCodes, LogicalTensor
 from ..readahead import read_ahead
 from .container_file import ContainerFile
 from .dir_snapshot import SideHandle
-from .integrity import container_problems, plane_digest, side_file_check
+from .integrity import container_problems, plane_digest, side_file_check, side_file_range
 from .schema import ArtifactMeta, IndexFile, PlaneEntry, SideFile, TensorEntry
 from .wire import INDEX_NAME, SINGLE_NAME, new_digest, parse_shard_name
 
@@ -248,13 +248,7 @@ class Artifact:
         Reads at most the recorded size: a file of another size is refused before it is read.
         A side file that is missing, a symbolic link, not a regular file or changed raises
         :class:`IntegrityError`; a name the header does not list is a :class:`UsageError`."""
-        f = self.side_files.get(name)
-        if f is None:
-            raise UsageError(
-                f"no side file {name!r} in this artifact; it records {sorted(self.side_files)}",
-                path=str(self.path),
-            )
-        problem, data = self._side_check(f, keep=True)
+        problem, data = self._side_check(self._side_file(name), keep=True)
         if problem is not None:
             raise problem
         assert data is not None
@@ -273,36 +267,8 @@ class Artifact:
         :class:`UsageError`).  The part is not digest-checked: :meth:`check_side_file` checks
         the whole file, and a caller that reads a part later checks that part itself."""
         f = self._side_file(name)
-        if offset < 0 or size < 0 or offset + size > f.size:
-            raise UsageError(
-                f"bytes [{offset}, {offset + size}) are outside the side file {name!r} of "
-                f"{f.size} bytes",
-                path=str(self.directory / name),
-            )
-        handle = self._side.get(name)
         path = str(self.directory / name)
-        if handle is None or (handle.fd is None and handle.error is None):
-            raise UsageError("the artifact is closed", path=str(self.path))
-        if handle.error is not None:
-            raise IntegrityError(f"side file {name!r}: {handle.error.message}", path=path)
-        assert handle.fd is not None
-        parts: list[bytes] = []
-        pos = offset
-        try:
-            while pos < offset + size:
-                chunk = os.pread(handle.fd, offset + size - pos, pos)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                pos += len(chunk)
-        except OSError as exc:
-            raise IntegrityError(f"side file {name!r}: {exc.strerror}", path=path) from None
-        if pos != offset + size:
-            raise IntegrityError(
-                f"side file {name!r} ends at byte {pos}, before its recorded {f.size} bytes",
-                path=path,
-            )
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return side_file_range(f, self._side.get(name), path, self.path, offset, size)
 
     def _side_file(self, name: str) -> SideFile:
         f = self.side_files.get(name)

@@ -25,7 +25,14 @@ from .dir_snapshot import CHUNK_BYTES, SideHandle
 from .schema import IndexFile, SideFile
 from .wire import PRELUDE_SIZE, new_digest
 
-__all__ = ["container_problems", "gap_problems", "plane_digest", "side_file_check"]
+__all__ = [
+    "SIDE_CHUNK_BYTES",
+    "container_problems",
+    "gap_problems",
+    "plane_digest",
+    "side_file_check",
+    "side_file_range",
+]
 
 SIDE_CHUNK_BYTES = 8 << 20
 """Bytes read per call by a side-file check that keeps nothing (into one reused buffer)."""
@@ -161,3 +168,39 @@ def side_file_check(
             None,
         )
     return None, b"".join(parts) if keep else None
+
+
+def side_file_range(
+    f: SideFile, handle: SideHandle | None, path: str, artifact: Path, offset: int, size: int
+) -> bytes:
+    """``size`` bytes at ``offset`` of the side file ``f`` at ``path`` through its pinned
+    descriptor ``handle``, within its recorded size (outside it: a :class:`UsageError`); not
+    digest-checked (see :meth:`~.artifact.Artifact.read_side_range`)."""
+    if offset < 0 or size < 0 or offset + size > f.size:
+        raise UsageError(
+            f"bytes [{offset}, {offset + size}) are outside the side file {f.name!r} of "
+            f"{f.size} bytes",
+            path=path,
+        )
+    if handle is None or (handle.fd is None and handle.error is None):
+        raise UsageError("the artifact is closed", path=str(artifact))
+    if handle.error is not None:
+        raise IntegrityError(f"side file {f.name!r}: {handle.error.message}", path=path)
+    assert handle.fd is not None
+    parts: list[bytes] = []
+    pos = offset
+    try:
+        while pos < offset + size:
+            chunk = os.pread(handle.fd, offset + size - pos, pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+    except OSError as exc:
+        raise IntegrityError(f"side file {f.name!r}: {exc.strerror}", path=path) from None
+    if pos != offset + size:
+        raise IntegrityError(
+            f"side file {f.name!r} ends at byte {pos}, before its recorded {f.size} bytes",
+            path=path,
+        )
+    return parts[0] if len(parts) == 1 else b"".join(parts)
