@@ -73,6 +73,7 @@ from .wire import PRELUDE_SIZE, align_up, canonical_json, digest_hex
 __all__ = ["ShardWriter"]
 
 _ZEROS = bytes(64 << 10)
+_ZERO_VIEW = memoryview(_ZEROS)  # alignment gaps of the inline path, without an allocation
 _INLINE_BYTES = 256 << 10
 """A reserved tensor with at most this many plane bytes is filled in process memory and
 written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap) cost more than
@@ -248,8 +249,7 @@ class ShardWriter(abc.ABC):
                 self._geometry[key] = (layout, dims, specs, physical)
         else:
             _, dims, specs, physical = known
-        shard = self._place(specs)
-        offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        shard, offsets, end = self._place(specs)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
         start = shard.cursor - shard.cursor % mmap.ALLOCATIONGRANULARITY
@@ -346,7 +346,8 @@ class ShardWriter(abc.ABC):
             pend = self._inline = (res.shard, first, bytearray())
         _shard, start, buf = pend
         for offset, plane in zip(res.offsets, res.planes, strict=True):
-            buf.extend(bytes(offset - start - len(buf)))  # alignment gap: zeros
+            gap = offset - start - len(buf)  # alignment gap: zeros
+            buf.extend(_ZERO_VIEW[:gap] if gap <= len(_ZEROS) else bytes(gap))
             buf.extend(memoryview(plane.data))
         if len(buf) >= _INLINE_FLUSH:
             self._flush_inline()
@@ -375,10 +376,11 @@ class ShardWriter(abc.ABC):
                 os.close(fd)
         _start_writeback(shard, start + len(buf))
 
-    def _place(self, specs: Sequence[PlaneSpec]) -> _Shard:
-        """The shard the next tensor goes to (a new one when ``max_shard_size`` says so)."""
+    def _place(self, specs: Sequence[PlaneSpec]) -> tuple[_Shard, list[int], int]:
+        """The shard the next tensor goes to (a new one when ``max_shard_size`` says so), its
+        planes' offsets there and the end of the last one."""
         shard = self._shards[-1]
-        _, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
         # Reservations are made in order and shards only ever follow each other: when any
         # pending reservation is in this shard, the newest one is (O(1), not O(pending)).
         used = bool(shard.tensors) or bool(self._reserved and self._reserved[-1].shard is shard)
@@ -387,7 +389,8 @@ class ShardWriter(abc.ABC):
             # fsync of each shard makes their bytes durable too.
             self._finish_payload(shard)
             shard = self._new_shard()
-        return shard
+            offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        return shard, offsets, end
 
     def _layout(self, fmt_name: str) -> Layout:
         layout = self._layouts.get(fmt_name) if type(fmt_name) is str else None
