@@ -48,6 +48,10 @@ Contract:
   read ends), so its number cannot be reused by another file mid-read.
   :meth:`SourceCheckpoint.close` (or collecting the object) closes them.  Every read still
   checks the file's size (``fstat``) against the size it had when it was opened.
+* :meth:`SourceCheckpoint.preread` (convert, per batch of small tensors): this thread's reads
+  of the named small tensors take their bytes from one ``pread`` per run of neighbouring
+  tensors, the size checked before each such ``pread``; the same words, digests and errors
+  as reading them one by one (a run that fails is left to :meth:`SourceCheckpoint.read`).
 """
 
 from __future__ import annotations
