@@ -73,7 +73,6 @@ from .wire import PRELUDE_SIZE, align_up, canonical_json, digest_hex
 __all__ = ["ShardWriter"]
 
 _ZEROS = bytes(64 << 10)
-_ZERO_VIEW = memoryview(_ZEROS)  # alignment gaps of the inline path, without an allocation
 _INLINE_BYTES = 256 << 10
 """A reserved tensor with at most this many plane bytes is filled in process memory and
 written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap) cost more than
@@ -346,8 +345,8 @@ class ShardWriter(abc.ABC):
             pend = self._inline = (res.shard, first, bytearray())
         _shard, start, buf = pend
         for offset, plane in zip(res.offsets, res.planes, strict=True):
-            gap = offset - start - len(buf)  # alignment gap: zeros
-            buf.extend(_ZERO_VIEW[:gap] if gap <= len(_ZEROS) else bytes(gap))
+            gap = offset - start - len(buf)  # alignment gap: zeros, not a new bytes per tensor
+            buf.extend(memoryview(_ZEROS)[:gap] if gap <= len(_ZEROS) else bytes(gap))
             buf.extend(memoryview(plane.data))
         if len(buf) >= _INLINE_FLUSH:
             self._flush_inline()
@@ -377,12 +376,10 @@ class ShardWriter(abc.ABC):
         _start_writeback(shard, start + len(buf))
 
     def _place(self, specs: Sequence[PlaneSpec]) -> tuple[_Shard, list[int], int]:
-        """The shard the next tensor goes to (a new one when ``max_shard_size`` says so), its
-        planes' offsets there and the end of the last one."""
+        """The next tensor's shard (new when ``max_shard_size`` says so), offsets and end."""
         shard = self._shards[-1]
         offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
-        # Reservations are made in order and shards only ever follow each other: when any
-        # pending reservation is in this shard, the newest one is (O(1), not O(pending)).
+        # Reservations are in order, shards follow each other: is the newest one here? (O(1))
         used = bool(shard.tensors) or bool(self._reserved and self._reserved[-1].shard is shard)
         if _starts_new_shard(used, end, self.max_shard_size):
             # Pending reservations keep their own mappings of the finished shard; the commit's
