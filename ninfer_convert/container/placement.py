@@ -25,6 +25,7 @@ from ..errors import NinferError, UsageError
 from ..formats import lookup_format
 from ..layouts import Layout, PlaneSpec, check_combination
 from .checks import check_alignment
+from .entry_template import EntryTemplates
 from .schema import (
     ArtifactMeta,
     Header,
@@ -216,6 +217,7 @@ def planned_size(
     shards: list[list[TensorEntry]] = [[]]
     json_sizes = [0]  # per shard: the bytes of its entries' JSON, commas included
     geometry: dict[tuple[str, tuple[int, ...]], _Geometry] = {}
+    templates = EntryTemplates()  # the entries' JSON, encoded once per kind of entry
     for name, fmt_name, shape, role, provenance in tensors:
         key = _geometry_key(fmt_name, shape)
         known = None if key is None else geometry.get(key)
@@ -247,7 +249,7 @@ def planned_size(
             role=role,
             provenance=Provenance.from_json(provenance, "provenance"),
         )
-        raw = entry_json(entry)
+        raw = templates.encode(entry)
         if planned is not None:
             planned[name] = _planned_entry(entry, raw)
         json_sizes[-1] += len(raw) + bool(shards[-1])

@@ -248,8 +248,7 @@ class ShardWriter(abc.ABC):
                 self._geometry[key] = (layout, dims, specs, physical)
         else:
             _, dims, specs, physical = known
-        shard = self._place(specs)
-        offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        shard, offsets, end = self._place(specs)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
         start = shard.cursor - shard.cursor % mmap.ALLOCATIONGRANULARITY
@@ -346,7 +345,8 @@ class ShardWriter(abc.ABC):
             pend = self._inline = (res.shard, first, bytearray())
         _shard, start, buf = pend
         for offset, plane in zip(res.offsets, res.planes, strict=True):
-            buf.extend(bytes(offset - start - len(buf)))  # alignment gap: zeros
+            gap = offset - start - len(buf)  # alignment gap: zeros, not a new bytes per tensor
+            buf.extend(memoryview(_ZEROS)[:gap] if gap <= len(_ZEROS) else bytes(gap))
             buf.extend(memoryview(plane.data))
         if len(buf) >= _INLINE_FLUSH:
             self._flush_inline()
@@ -375,19 +375,19 @@ class ShardWriter(abc.ABC):
                 os.close(fd)
         _start_writeback(shard, start + len(buf))
 
-    def _place(self, specs: Sequence[PlaneSpec]) -> _Shard:
-        """The shard the next tensor goes to (a new one when ``max_shard_size`` says so)."""
+    def _place(self, specs: Sequence[PlaneSpec]) -> tuple[_Shard, list[int], int]:
+        """The next tensor's shard (new when ``max_shard_size`` says so), offsets and end."""
         shard = self._shards[-1]
-        _, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
-        # Reservations are made in order and shards only ever follow each other: when any
-        # pending reservation is in this shard, the newest one is (O(1), not O(pending)).
+        offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        # Reservations are in order, shards follow each other: is the newest one here? (O(1))
         used = bool(shard.tensors) or bool(self._reserved and self._reserved[-1].shard is shard)
         if _starts_new_shard(used, end, self.max_shard_size):
             # Pending reservations keep their own mappings of the finished shard; the commit's
             # fsync of each shard makes their bytes durable too.
             self._finish_payload(shard)
             shard = self._new_shard()
-        return shard
+            offsets, end = _placement(shard.cursor, (s.nbytes for s in specs), self.alignment)
+        return shard, offsets, end
 
     def _layout(self, fmt_name: str) -> Layout:
         layout = self._layouts.get(fmt_name) if type(fmt_name) is str else None

@@ -35,6 +35,8 @@ class EntryBuilder:
     def __init__(self, candidates: Sequence[Candidate], problems: list[Problem]) -> None:
         self.candidates = candidates
         self.problems = problems
+        # One RuleRef per rule, shared by its entries (frozen: equal either way).
+        self._refs: dict[int, tuple[Rule, RuleRef]] = {}
 
     def err(self, rule: Rule | None, message: str, line: int | None = None) -> None:
         self.problems.append(rule_problem(rule, message, line))
@@ -110,11 +112,17 @@ class EntryBuilder:
                 PlanSource(i.name, i.dtype, i.shape, i.file, i.nbytes, f) for i, f in cand.sources
             ),
             transforms=tuple(transforms),
-            rule=RuleRef.of(rule),
+            rule=self._rule_ref(rule),
             evidence=rule.evidence,
             encoded_bytes=size,
             source_bytes=sum(i.nbytes for i, _f in cand.sources),
         )
+
+    def _rule_ref(self, rule: Rule) -> RuleRef:
+        known = self._refs.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = self._refs[id(rule)] = (rule, RuleRef.of(rule))
+        return known[1]
 
     def _encoded_entry(self, cand: Candidate, fmt: NumericFormat) -> PlanEntry | None:
         rule = cand.rule

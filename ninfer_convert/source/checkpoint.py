@@ -48,6 +48,10 @@ Contract:
   read ends), so its number cannot be reused by another file mid-read.
   :meth:`SourceCheckpoint.close` (or collecting the object) closes them.  Every read still
   checks the file's size (``fstat``) against the size it had when it was opened.
+* :meth:`SourceCheckpoint.preread` (convert, per batch of small tensors): this thread's reads
+  of the named small tensors take their bytes from one ``pread`` per run of neighbouring
+  tensors, the size checked before each such ``pread``; the same words, digests and errors
+  as reading them one by one (a run that fails is left to :meth:`SourceCheckpoint.read`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, TracebackType
@@ -96,6 +101,11 @@ MAX_OPEN_WEIGHT_FILES = 32
 
 SMALL_READ_BYTES = 64 * 1024
 """Tensors up to this size are read with one ``pread``, larger ones are memory-mapped."""
+
+PREREAD_BYTES = 1 << 20
+"""The longest byte range :meth:`SourceCheckpoint.preread` reads with one ``pread``."""
+PREREAD_GAP = 4096
+"""The most bytes of other tensors a preread range may hold between two of its tensors."""
 
 
 def digest_bytes(data: object) -> str:
@@ -182,6 +192,7 @@ class SourceCheckpoint:
         self._paths: dict[str, Path] = {}  # weight file -> its path, built once per file
         self._fds = _SharedDescriptors()
         weakref.finalize(self, self._fds.close)
+        self._pre = threading.local()  # this thread's preread bytes: name -> memoryview
 
     def __repr__(self) -> str:
         return (
@@ -224,6 +235,72 @@ class SourceCheckpoint:
                     fpath = self._paths[info.file] = self._root / info.file
                 read_ahead(fpath, info.offset, info.nbytes)
 
+    @contextmanager
+    def preread(self, names: Iterable[str]) -> Iterator[None]:
+        """Within the block, this thread's :meth:`read` of these tensors takes their bytes
+        from one ``pread`` per run of small tensors (at most :data:`SMALL_READ_BYTES` each) of
+        one file, spanning at most :data:`PREREAD_BYTES` with gaps of at most
+        :data:`PREREAD_GAP` between them, the file's size checked
+        before each such ``pread`` as :meth:`read` checks it.  Only an optimisation: a run
+        that cannot be read whole (an error, a changed size, a short read) is left to
+        :meth:`read`, which reports it for its tensor; bytes not read by the end are
+        dropped."""
+        runs: dict[str, memoryview] = {}
+        for file, members in self._preread_runs(names):
+            runs.update(self._read_run(file, members))
+        outer, self._pre.runs = getattr(self._pre, "runs", None), runs
+        try:
+            yield
+        finally:
+            self._pre.runs = outer
+
+    def _preread_runs(self, names: Iterable[str]) -> Iterator[tuple[str, list[SourceTensorInfo]]]:
+        """The small tensors of ``names`` grouped into runs of one file, by offset."""
+        by_file: dict[str, list[SourceTensorInfo]] = {}
+        for name in names:
+            info = self.tensors.get(name)
+            if info is not None and 0 < info.nbytes <= SMALL_READ_BYTES:
+                by_file.setdefault(info.file, []).append(info)
+        for file, infos in by_file.items():
+            infos.sort(key=_offset)
+            run: list[SourceTensorInfo] = []
+            for info in infos:
+                if run and (
+                    info.offset - (run[-1].offset + run[-1].nbytes) > PREREAD_GAP
+                    or info.offset + info.nbytes - run[0].offset > PREREAD_BYTES
+                ):
+                    yield file, run
+                    run = []
+                run.append(info)
+            if len(run) > 1:  # a single tensor is read as usual
+                yield file, run
+
+    def _read_run(self, file: str, run: list[SourceTensorInfo]) -> dict[str, memoryview]:
+        """One run's bytes per tensor name, or nothing when anything is unusual."""
+        if len(run) < 2:
+            return {}
+        fpath = self._paths.get(file)
+        if fpath is None:
+            fpath = self._paths[file] = self._root / file
+        start = run[0].offset
+        span = max(i.offset + i.nbytes for i in run) - start
+        try:
+            slot = self._fds.lend(file, fpath)
+        except OSError:
+            return {}
+        try:
+            if os.fstat(slot.fd).st_size != self._sizes[file]:
+                return {}
+            data = os.pread(slot.fd, span, start)
+        except OSError:
+            return {}
+        finally:
+            self._fds.give_back(slot)
+        if len(data) != span:
+            return {}
+        view = memoryview(data)
+        return {i.name: view[i.offset - start : i.offset - start + i.nbytes] for i in run}
+
     def read(self, name: str) -> SourceArray:
         """Read one tensor bit-exactly (see the module contract)."""
         info = self.tensors.get(name)
@@ -233,6 +310,12 @@ class SourceCheckpoint:
         if fpath is None:
             fpath = self._paths[info.file] = self._root / info.file
         dt = np.dtype(info.word_dtype)
+        runs: dict[str, memoryview] | None = getattr(self._pre, "runs", None)
+        early = None if runs is None else runs.pop(name, None)
+        if early is not None:  # read (and its file's size checked) by preread
+            got = np.frombuffer(early, dtype=np.uint8)
+            shaped = got.view(dt).reshape(info.shape) if info.convertible else got
+            return self._checked_array(info, got, shaped, fpath)
         try:
             slot = self._fds.lend(info.file, fpath)
         except OSError as exc:
@@ -278,6 +361,16 @@ class SourceCheckpoint:
             ) from exc
         finally:
             self._fds.give_back(slot)  # a map holds the file by itself
+        return self._checked_array(info, raw, words, fpath)
+
+    @staticmethod
+    def _checked_array(
+        info: SourceTensorInfo,
+        raw: npt.NDArray[np.uint8],
+        words: npt.NDArray[np.generic],
+        fpath: Path,
+    ) -> SourceArray:
+        name = info.name
         digest = digest_bytes(raw)
         if info.dtype == "BOOL" and raw.size and int(raw.max()) > 1:
             bad = int(np.argmax(raw > 1))
@@ -354,6 +447,10 @@ class _SharedDescriptors:
         slot.detached = True
         if slot.users == 0:
             os.close(slot.fd)
+
+
+def _offset(info: SourceTensorInfo) -> int:
+    return info.offset
 
 
 def _info(header: SafetensorsHeader, file: str) -> dict[str, SourceTensorInfo]:
