@@ -20,6 +20,13 @@ Contract (docs/cli.md, "ninfer calibrate"):
   of a rule without transforms.  GPT-2 style ``Conv1D`` ([in, out]) modules are not hooked
   (their K axis is the *output* axis of the source tensor); a recipe rule for them gets no
   vector and is refused at convert time.
+* Tied weights: a hooked Linear whose weight is also the model's ``state_dict`` entry under
+  another name (the same tensor: data pointer, shape and strides; never guessed from names)
+  that the source checkpoint's safetensors headers store gets its vector, and its factor, under
+  that name too, beside its own.  With ``tie_word_embeddings`` the head's statistics are thus
+  also ``model.embed_tokens.weight``'s, the only name a tied checkpoint stores the table under.
+  Linears sharing one weight share one accumulator.  :attr:`Calibration.aliases` lists the
+  ties; the files' metadata records them as ``ninfer.tied``.
 * With ``compensation_block`` (an int B, a positive multiple of 128, or ``"full"``: one block
   over the whole row, B = K rounded up to 128) it also computes, per hooked Linear, the factor
   of GPTQ_F16_SEARCH_IW_V1 (docs/encoder-profiles.md): H = X^T X / n over the same tokens
