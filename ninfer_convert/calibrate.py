@@ -291,7 +291,8 @@ def _hooked_linears(
     state = model.state_dict(keep_vars=True)
 
     def ident(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        return (int(t.data_ptr()), tuple(t.shape), tuple(t.stride()))
+        ptr = int(t.data_ptr())  # 0 for an empty tensor: identity of the object instead
+        return (ptr, tuple(t.shape), tuple(t.stride())) if ptr else (-id(t), (), ())
 
     names_of: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[str]] = {}
     for name, t in state.items():
@@ -307,7 +308,8 @@ def _hooked_linears(
             own.add(name)
     aliases: dict[str, tuple[str, ...]] = {}
     for tid, key in keys.items():
-        extra = tuple(sorted(n for n in names_of[tid] if n in stored and n not in own))
+        # Other Linears' own names of the same weight, and the names the source stores.
+        extra = tuple(sorted(n for n in names_of[tid] if n != key and (n in own or n in stored)))
         if extra:
             aliases[key] = extra
     return linears, aliases

@@ -88,3 +88,28 @@ def test_the_cli_says_which_names_are_tied(tied: Path, tmp_path: Path) -> None:
     meta = load_importance(out)
     assert EMBED in meta.vectors
     assert np.array_equal(meta.vectors[EMBED], meta.vectors[HEAD])
+
+
+def test_ties_are_found_by_tensor_identity_not_by_name() -> None:
+    import torch
+
+    from ninfer_convert.calibrate import _hooked_linears
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(3, 4)
+            self.a = torch.nn.Linear(4, 3, bias=False)
+            self.b = torch.nn.Linear(4, 3, bias=False)
+            self.c = torch.nn.Linear(4, 3, bias=False)  # same shape, its own weight
+            self.a.weight = self.emb.weight
+            self.b.weight = self.emb.weight
+
+    m = M()
+    linears, aliases = _hooked_linears(m, frozenset({"emb.weight", "c.weight"}))
+    assert [(k, mod) for k, mod in linears] == [("a.weight", m.a), ("a.weight", m.b),
+                                                ("c.weight", m.c)]  # fmt: skip
+    # b shares a's accumulator and gets its vector too; emb only because the source stores it.
+    assert aliases == {"a.weight": ("b.weight", "emb.weight")}
+    _linears, aliases = _hooked_linears(m, frozenset({"c.weight"}))
+    assert aliases == {"a.weight": ("b.weight",)}
