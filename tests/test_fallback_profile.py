@@ -31,9 +31,7 @@ def _source(tmp: Path) -> tuple[Path, dict[str, np.ndarray]]:
     src.mkdir(exist_ok=True)
     rng = np.random.default_rng(3)
     words = {
-        n: (rng.standard_normal((16, K)).astype(np.float32).view(np.uint32) >> 16).astype(
-            np.uint16
-        )
+        n: (rng.standard_normal((16, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         for n in ("a", "b")
     }
     write_safetensors(src / "model.safetensors", {n: ("BF16", w) for n, w in words.items()})

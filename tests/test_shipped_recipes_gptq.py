@@ -152,9 +152,7 @@ def test_qwen_gptq_variant_converts_and_verifies_the_tiny_example(tmp_path: Path
 
 @pytest.mark.interop
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "own-head"])
-def test_generic_variants_convert_and_verify_a_real_calibration(
-    tmp_path: Path, tied: bool
-) -> None:
+def test_generic_variants_convert_and_verify_a_real_calibration(tmp_path: Path, tied: bool) -> None:
     """`ninfer calibrate --compensation-block 128` on a transformers Llama, then both generic
     variants: with a tied head the embedding is weighted by the head's vector, without one it
     takes the fallback; every artifact verifies (a few seconds)."""
