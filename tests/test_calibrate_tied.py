@@ -53,22 +53,18 @@ def test_the_tied_source_stores_only_the_embedding(tied: Path) -> None:
     assert EMBED in names and HEAD not in names  # the premise of the tests below
 
 
-def test_a_tied_head_vector_is_stored_under_the_embeddings_name(tied: Path) -> None:
-    cal = calibrate_source(tied, texts=TEXTS, max_tokens=16)
-    assert HEAD in cal.vectors  # the Linear's own state_dict name is kept
-    assert cal.vectors[EMBED].tobytes() == cal.vectors[HEAD].tobytes()
-    assert cal.vectors[EMBED].shape == (16,)
-    assert dict(cal.aliases) == {HEAD: (EMBED,)}
-
-
 def test_an_untied_model_gets_no_embedding_vector(untied: Path) -> None:
     cal = calibrate_source(untied, texts=TEXTS, max_tokens=16)
     assert HEAD in cal.vectors and EMBED not in cal.vectors
     assert dict(cal.aliases) == {}
 
 
-def test_the_tied_factor_is_stored_under_both_names(tied: Path, tmp_path: Path) -> None:
+def test_the_tied_vector_and_factor_are_stored_under_both_names(tied: Path, tmp_path: Path) -> None:
     cal = calibrate_source(tied, texts=TEXTS, max_tokens=16, compensation_block=128)
+    assert HEAD in cal.vectors  # the Linear's own state_dict name is kept
+    assert cal.vectors[EMBED].tobytes() == cal.vectors[HEAD].tobytes()
+    assert cal.vectors[EMBED].shape == (16,)
+    assert dict(cal.aliases) == {HEAD: (EMBED,)}
     assert cal.factors is not None
     assert cal.factors[EMBED].tobytes() == cal.factors[HEAD].tobytes()
     imp, fac = tmp_path / "imp.safetensors", tmp_path / "fac.safetensors"
