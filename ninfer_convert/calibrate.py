@@ -20,6 +20,13 @@ Contract (docs/cli.md, "ninfer calibrate"):
   of a rule without transforms.  GPT-2 style ``Conv1D`` ([in, out]) modules are not hooked
   (their K axis is the *output* axis of the source tensor); a recipe rule for them gets no
   vector and is refused at convert time.
+* Tied weights: a hooked Linear whose weight is also the model's ``state_dict`` entry under
+  another name (the same tensor: data pointer, shape and strides; never guessed from names)
+  that the source checkpoint's safetensors headers store gets its vector, and its factor, under
+  that name too, beside its own.  With ``tie_word_embeddings`` the head's statistics are thus
+  also ``model.embed_tokens.weight``'s, the only name a tied checkpoint stores the table under.
+  Linears sharing one weight share one accumulator.  :attr:`Calibration.aliases` lists the
+  ties; the files' metadata records them as ``ninfer.tied``.
 * With ``compensation_block`` (an int B, a positive multiple of 128, or ``"full"``: one block
   over the whole row, B = K rounded up to 128) it also computes, per hooked Linear, the factor
   of GPTQ_F16_SEARCH_IW_V1 (docs/encoder-profiles.md): H = X^T X / n over the same tokens
@@ -43,10 +50,11 @@ Contract (docs/cli.md, "ninfer calibrate"):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -190,6 +198,9 @@ class Calibration:
     factors: dict[str, npt.NDArray[np.uint32]] | None = None
     block: Block | None = None
     passes: int = 1
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Linear weight name -> the other names the source stores that same tensor under (a
+    tied head); ``vectors`` and ``factors`` hold the statistics under those names too."""
 
 
 def calibrate_source(
@@ -219,19 +230,15 @@ def calibrate_source(
     transformers, model, cls, _kind = load_source_model(
         src_path, device, "float32", say, command="ninfer calibrate"
     )
-    import torch
 
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     toks = _tokenize(transformers, Path(src_path), tlist, vocab)
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     cut = max_tokens if not isinstance(limit, int) else min(max_tokens, limit)
     ids = [x[:cut] for x in toks.ids]
-    state_names = set(model.state_dict().keys())
-    linears = [
-        (f"{mname}.weight", module)
-        for mname, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and f"{mname}.weight" in state_names
-    ]
+    linears, aliases = _hooked_linears(model, _source_names(src_path))
+    for name, extra in aliases.items():
+        say(f"{name} is tied to {', '.join(extra)}: its statistics are stored under both names")
     widths = (
         {}
         if block is None
@@ -251,11 +258,72 @@ def calibrate_source(
         texts=len(ids),
         texts_origin=texts_origin or ("default" if texts is None else "argument"),
         tokens=sum(len(x) for x in ids),
-        vectors=vectors,
-        factors=factors,
+        vectors=_with_aliases(vectors, aliases),
+        factors=None if factors is None else _with_aliases(factors, aliases),
         block=block,
         passes=passes,
+        aliases=MappingProxyType(aliases),
     )
+
+
+def _source_names(src_path: str) -> frozenset[str]:
+    """The tensor names the source checkpoint itself stores (its safetensors headers)."""
+    from .source import open_source
+
+    with open_source(src_path) as src:
+        return frozenset(src.tensors)
+
+
+def _hooked_linears(
+    model: Any, stored: frozenset[str]
+) -> tuple[list[tuple[str, Any]], dict[str, tuple[str, ...]]]:
+    """The Linears to hook as (key, module), and the other names their weights are stored
+    under in the source.
+
+    Ties are found by tensor identity (the same data pointer, shape and strides in the
+    model's ``state_dict``), never from names: a Linear whose weight Parameter is also the
+    model's ``<other>.weight`` gets that name as an alias when the source stores it (a tied
+    head: ``lm_head.weight`` is ``model.embed_tokens.weight``, and a tied checkpoint stores
+    only the latter).  Linears sharing one weight share one key (the first one's weight
+    name), so their statistics add up over every use of that weight."""
+    import torch
+
+    state = model.state_dict(keep_vars=True)
+
+    def ident(t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        ptr = int(t.data_ptr())  # 0 for an empty tensor: identity of the object instead
+        return (ptr, tuple(t.shape), tuple(t.stride())) if ptr else (-id(t), (), ())
+
+    names_of: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[str]] = {}
+    for name, t in state.items():
+        names_of.setdefault(ident(t), []).append(name)
+    linears: list[tuple[str, Any]] = []
+    keys: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
+    own: set[str] = set()
+    for mname, module in model.named_modules():
+        name = f"{mname}.weight"
+        if isinstance(module, torch.nn.Linear) and name in state:
+            key = keys.setdefault(ident(state[name]), name)
+            linears.append((key, module))
+            own.add(name)
+    aliases: dict[str, tuple[str, ...]] = {}
+    for tid, key in keys.items():
+        # Other Linears' own names of the same weight, and the names the source stores.
+        extra = tuple(sorted(n for n in names_of[tid] if n != key and (n in own or n in stored)))
+        if extra:
+            aliases[key] = extra
+    return linears, aliases
+
+
+def _with_aliases(
+    arrays: dict[str, npt.NDArray[np.uint32]], aliases: Mapping[str, tuple[str, ...]]
+) -> dict[str, npt.NDArray[np.uint32]]:
+    """``arrays`` plus, for each key with aliases, the same words under every alias."""
+    out = dict(arrays)
+    for key, extra in aliases.items():
+        if key in arrays:
+            out.update((name, arrays[key]) for name in extra)
+    return dict(sorted(out.items()))
 
 
 def _mean_squares(
@@ -312,15 +380,18 @@ def _factors(
     """The factor of every Linear, accumulating its diagonal blocks of x^T x over the texts in
     passes of at most :data:`PASS_BYTES` of accumulators; (factors, passes run)."""
 
+    shared: dict[str, list[tuple[str, Any]]] = {}  # Linears sharing one weight: one pass
+    for name, m in linears:
+        shared.setdefault(name, []).append((name, m))
     batches: list[list[tuple[str, Any]]] = [[]]
     used = 0
-    for name, m in linears:
-        k = int(m.in_features)
+    for name, group in shared.items():
+        k = int(group[0][1].in_features)
         need = ceil_div(k, widths[name]) * widths[name] ** 2 * 8
         if batches[-1] and used + need > PASS_BYTES:
             batches.append([])
             used = 0
-        batches[-1].append((name, m))
+        batches[-1].extend(group)
         used += need
     factors: dict[str, npt.NDArray[np.uint32]] = {}
     for i, batch in enumerate(batches):
@@ -381,7 +452,13 @@ def write_calibration(
     factors_output: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write the vectors as a new importance file (metadata says how they were made), and
-    the factors, when computed, as a new factor file ``factors_output``."""
+    the factors, when computed, as a new factor file ``factors_output``.  With ties, both
+    files' metadata has ``ninfer.tied``: ``LINEAR=ALIAS[,ALIAS]`` pairs, ``;``-separated."""
+    tied = (
+        {"ninfer.tied": ";".join(f"{k}={','.join(v)}" for k, v in sorted(cal.aliases.items()))}
+        if cal.aliases
+        else {}
+    )
     if cal.factors is not None:
         if factors_output is None:
             raise UsageError("the factors need an output file (--factors FILE)")
@@ -396,7 +473,8 @@ def write_calibration(
                 "ninfer.model_class": cal.model_class,
                 "ninfer.texts": str(cal.texts),
                 "ninfer.tokens": str(cal.tokens),
-            },
+            }
+            | tied,
         )
     write_importance_file(
         output,
@@ -407,5 +485,6 @@ def write_calibration(
             "ninfer.texts": str(cal.texts),
             "ninfer.texts_origin": cal.texts_origin,
             "ninfer.tokens": str(cal.tokens),
-        },
+        }
+        | tied,
     )

@@ -125,7 +125,9 @@ def attach_importance(
     plan: Plan, vectors: Mapping[str, npt.NDArray[np.uint32]] | None, where: str
 ) -> Plan:
     """The plan with each MSE_F16_SEARCH_IW_V1 entry's importance vector attached (checked:
-    present, length K, finite and >= +0, no column-moving transform).  ``where`` names the
+    present, length K, finite and >= +0, no column-moving transform); an entry without a
+    vector whose rule has a ``fallback_profile`` gets that profile instead (no vector), but
+    at least one entry must get a vector.  ``where`` names the
     importance file (or the artifact) in messages.  Vectors of other tensors are ignored."""
     from .encoder.mse_search import check_weights
 
@@ -143,8 +145,16 @@ def attach_importance(
         if not needs_importance(e):
             out.append(e)
             continue
-        _check_transforms(e)
+        fallback = next(r for r in plan.recipe.rules if r.index == e.rule.index).fallback_profile
+        if fallback is None:
+            _check_transforms(e)
         name = calibration_key(e, vectors)
+        if name is None and fallback is not None:
+            # The rule says what to do without a vector (docs/recipes.md 4.8): the plan, the
+            # artifact's provenance and verify's re-plan all carry the fallback profile.
+            out.append(dataclasses.replace(e, encoder_profile=fallback))
+            continue
+        _check_transforms(e)
         if name is None:
             raise RecipeError(
                 f"tensor {e.output}: rule {e.rule.index + 1} selects {e.encoder_profile} but "
@@ -156,6 +166,15 @@ def attach_importance(
             )
         words = check_weights(vectors[name], e.shape[-1], e.output)
         out.append(dataclasses.replace(e, importance=words))
+    if not any(e.importance is not None for e in out):
+        # Only fallback rules, and no vector for any of their tensors: surely the wrong file
+        # (and an artifact without vectors could not say which file it was made with).
+        raise RecipeError(
+            f"the importance file has a vector for none of the {len(todo)} tensors whose "
+            f"rules select an importance-weighted encoder profile (first: {todo[0].output})",
+            path=where,
+            hint="calibrate this model (ninfer calibrate SOURCE -o FILE) and pass that file",
+        )
     return dataclasses.replace(plan, entries=tuple(out))
 
 

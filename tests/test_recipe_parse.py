@@ -423,8 +423,8 @@ def test_problems_of_one_rule_come_in_the_documented_order() -> None:
         (
             base + 10,
             "rule 1 (match): unknown key 'colour' (allowed: constraints, conversion, "
-            "encoder_profile, evidence, format, keep_nonfinite, match, optional, role, "
-            "transforms)",
+            "encoder_profile, evidence, fallback_profile, format, keep_nonfinite, match, "
+            "optional, role, transforms)",
         ),
         (base + 1, "rule 1 (match): pattern must be a non-empty string, not ''"),
         (base + 3, "rule 1 (match): role must be a non-empty string, not ''"),

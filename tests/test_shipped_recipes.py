@@ -166,7 +166,10 @@ def test_neither_file_nor_name_is_a_usage_error_listing_the_names(spec: str) -> 
         resolve_recipe(spec)
     text = str(info.value)
     assert f"--recipe {spec!r} is neither a recipe file nor a shipped recipe name" in text
-    assert "generic-dense, generic-dense-iw, qwen3.6-27b, qwen3.6-27b-iw, qwen3.6-27b-nvfp4" in text
+    assert (
+        "generic-dense, generic-dense-gptq, generic-dense-iw, qwen3.6-27b, qwen3.6-27b-gptq, "
+        "qwen3.6-27b-iw, qwen3.6-27b-nvfp4" in text
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +310,8 @@ def test_recipes_json_matches_the_documented_schema(capsys: pytest.CaptureFixtur
     assert doc["directory"] == str(RECIPES)
     by_name = {r["name"]: r for r in doc["recipes"]}
     assert list(by_name) == [
-        "generic-dense", "generic-dense-iw", "qwen3.6-27b", "qwen3.6-27b-iw", "qwen3.6-27b-nvfp4"
+        "generic-dense", "generic-dense-gptq", "generic-dense-iw", "qwen3.6-27b",
+        "qwen3.6-27b-gptq", "qwen3.6-27b-iw", "qwen3.6-27b-nvfp4",
     ]  # fmt: skip
     q = by_name["qwen3.6-27b"]
     assert q["identity"]["model_type"] == ["qwen3_5"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from test_recipe_plan import make_source
 
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.errors import UsageError
-from ninfer_convert.importance import write_importance_file
+from ninfer_convert.importance import attach_importance, write_importance_file
 from ninfer_convert.recipe import (
     Plan,
     build_plan,
@@ -81,9 +82,15 @@ def _llama_source(root: Path, *, tied: bool) -> SourceCheckpoint:
     return make_source(root, tensors, config | {"tie_word_embeddings": tied})
 
 
-def _assert_variant_of(variant: Plan, canonical: Plan) -> None:
+def _assert_variant_of(
+    variant: Plan,
+    canonical: Plan,
+    embedding: str = MSE,
+    linear: Callable[[str], str] = lambda _name: IW,
+) -> None:
     """Same tensors, formats, roles, shapes and layouts; only the encoder profile differs, and
-    it is the weighted one exactly where a Linear weight is grouped."""
+    it is ``linear(name)`` exactly where a Linear weight is grouped (the token embedding:
+    ``embedding``)."""
     assert [e.output for e in variant.entries] == [e.output for e in canonical.entries]
     grouped = 0
     for v, c in zip(variant.entries, canonical.entries, strict=True):
@@ -99,7 +106,8 @@ def _assert_variant_of(variant: Plan, canonical: Plan) -> None:
             continue
         grouped += 1
         assert c.encoder_profile == CANONICAL, c.output
-        assert v.encoder_profile == (MSE if EMBEDDINGS.fullmatch(v.output) else IW), v.output
+        want = embedding if EMBEDDINGS.fullmatch(v.output) else linear(v.output)
+        assert v.encoder_profile == want, v.output
     assert grouped > 0
     assert variant.skipped == canonical.skipped
 
@@ -114,9 +122,29 @@ def test_generic_iw_variant_plans_a_llama_like_the_generic_recipe(
 ) -> None:
     src = _llama_source(tmp_path / "m", tied=tied)
     variant = build_plan(RECIPES / "generic-dense-iw.yaml", src)
-    _assert_variant_of(variant, build_plan(RECIPES / "generic-dense.yaml", src))
+    canonical = build_plan(RECIPES / "generic-dense.yaml", src)
+    # Planned: the embedding's rule selects the weighted profile (with a fallback_profile).
+    _assert_variant_of(variant, canonical, embedding=IW)
     assert ("lm_head.weight" in {e.output for e in variant.entries}) is (not tied)
     assert {s.name for e in variant.entries for s in e.sources} == set(src.tensors)
+    # With the vectors calibrate writes: a tied table has the head's vector under its own
+    # name, so it is weighted; an own-head model has none for it, so the fallback applies.
+    vectors = {e.output: _vector(e.shape[-1], i) for i, e in enumerate(variant.entries)}
+    vectors["lm_head.weight"] = _vector(64, 99)
+    if tied:
+        vectors["model.embed_tokens.weight"] = vectors["lm_head.weight"]
+    else:
+        del vectors["model.embed_tokens.weight"]
+    attached = attach_importance(variant, vectors, "imp.safetensors")
+    _assert_variant_of(attached, canonical, embedding=IW if tied else MSE)
+    embed = next(e for e in attached.entries if e.output == "model.embed_tokens.weight")
+    assert (embed.importance is not None) is tied
+    if tied:
+        assert embed.importance.tobytes() == vectors["lm_head.weight"].tobytes()
+
+
+def _vector(k: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).random(k, dtype=np.float32) + 0.01).view(np.uint32)
 
 
 def test_qwen_iw_variant_plans_the_real_qwen36_27b_inventory(tmp_path: Path) -> None:
@@ -149,7 +177,9 @@ def test_variant_keeps_its_canonical_recipes_identity_bits_and_evidence(name: st
             c.kind, pc, c.format, c.role, c.evidence, c.optional, c.conversions
         )  # fmt: skip
         assert (v.encoder_profile is None) is (c.encoder_profile is None)
-    assert {r.encoder_profile for r in v_rec.rules} - {None} == {IW, MSE}
+        assert v.fallback_profile in (None, MSE), v.describe()
+    profiles = {r.encoder_profile for r in v_rec.rules} - {None}
+    assert profiles == ({IW} if name == "generic-dense-iw" else {IW, MSE})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +209,7 @@ def test_identity_pick_skips_an_importance_recipe_that_matches(tmp_path: Path) -
         resolve_recipe(None, src, directory=d)
     text = str(info.value)
     assert "no shipped recipe matches the source" in text
-    assert "a-iw: needs an importance file" in text and "--recipe a-iw --importance FILE" in text
+    assert "a-iw: needs calibration files" in text and "--recipe a-iw --importance FILE)" in text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,11 +27,17 @@ def _identity(s: ShippedRecipe) -> str:
     return "; ".join(parts)
 
 
+def _needs(s: ShippedRecipe) -> str:
+    """The calibration files convert needs with the recipe ('-' for none)."""
+    return " ".join(f"{o} FILE" for o in s.calibration) or "-"
+
+
 @click.command("recipes")
 @json_option("Print the list as JSON.")
 def command(as_json: bool) -> None:
     """List the shipped recipes: the names `ninfer convert --recipe` accepts, the source
-    identity each is picked by when --recipe is left out, and the formats it stores."""
+    identity each is picked by when --recipe is left out, the formats it stores, and the
+    calibration files (`ninfer calibrate`) convert needs with it."""
     directory = shipped_recipe_dir()
     shipped = shipped_recipes(directory)
     if as_json:
@@ -39,9 +45,11 @@ def command(as_json: bool) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     table = Table(title=f"Shipped recipes ({directory})")
-    for col in ("name", "version", "source identity", "formats (nominal bits per weight)"):
+    cols = ("name", "version", "source identity", "formats (nominal bits per weight)", "needs")
+    for col in cols:
         table.add_column(col, overflow="fold")
     for s in shipped:
         formats = ", ".join(f"{f} ({bpw:g})" for f, bpw, _ in s.formats())
-        table.add_row(s.name, s.recipe.version, _identity(s), formats)
+        needs = _needs(s)
+        table.add_row(s.name, s.recipe.version, _identity(s), formats, needs)
     make_console().print(table)

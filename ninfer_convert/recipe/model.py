@@ -143,6 +143,10 @@ class Rule:
     evidence: tuple[str, ...]
     reason: str | None
     optional: bool
+    fallback_profile: str | None = None
+    """With an importance-weighted ``encoder_profile``: the profile (one that needs no
+    calibration data) a tensor of this rule is encoded with when the importance file has no
+    vector for it (docs/recipes.md 4.8); None: such a tensor is refused."""
 
     @property
     def pattern_text(self) -> str:

@@ -15,7 +15,14 @@ from __future__ import annotations
 from typing import Any, cast
 
 from ..errors import FormatError
-from ..formats import Category, NumericFormat, check_profile_fits, lookup_format, lookup_profile
+from ..formats import (
+    ENCODER_PROFILES,
+    Category,
+    NumericFormat,
+    check_profile_fits,
+    lookup_format,
+    lookup_profile,
+)
 from .model import Rule, RuleKind, TransformSpec
 from .parse_nodes import NodeReader, optional_key, shape_value
 from .patterns import NamePattern, NameTemplate, compile_pattern, compile_template
@@ -25,7 +32,14 @@ from .yamlnodes import YNode
 __all__ = ["parse_rule"]
 
 _COMMON = {"format", "role", "evidence", "optional"}
-_ENCODED = {"encoder_profile", "conversion", "keep_nonfinite", "constraints", "transforms"}
+_ENCODED = {
+    "encoder_profile",
+    "fallback_profile",
+    "conversion",
+    "keep_nonfinite",
+    "constraints",
+    "transforms",
+}
 _RULE_KEYS: dict[str, set[str]] = {
     "match": {"match"} | _COMMON | _ENCODED,
     "copy": {"match", "copy"} | _COMMON,
@@ -68,6 +82,7 @@ def parse_rule(ctx: NodeReader, node: YNode, index: int, known_ids: set[str]) ->
     fmt_name, fmt = _format(ctx, m, where)
     copy = _copy_path(ctx, m, where, fmt) if kind == "copy" else None
     profile = _encoder_profile(ctx, m, where, fmt)
+    fallback = _fallback_profile(ctx, m, where, fmt, profile)
     if fmt is not None and kind != "copy":
         _copy_only_format(ctx, m, where, fmt)
     conversions = _conversions(ctx, m, where, fmt)
@@ -96,6 +111,7 @@ def parse_rule(ctx: NodeReader, node: YNode, index: int, known_ids: set[str]) ->
         evidence=evidence,
         reason=None,
         optional=optional,
+        fallback_profile=fallback,
     )
 
 
@@ -279,6 +295,50 @@ def _encoder_profile(
         except FormatError as exc:
             ctx.err(pline, f"{where}: {exc.message} ({exc.hint})")
     return profile
+
+
+def _fallback_profile(
+    ctx: NodeReader,
+    m: dict[str, YNode],
+    where: str,
+    fmt: NumericFormat | None,
+    profile: str | None,
+) -> str | None:
+    """``fallback_profile``: only beside an importance-weighted ``encoder_profile``; a known
+    profile that needs no calibration data and can produce the format."""
+    if "fallback_profile" not in m:
+        return None
+    name = ctx.text(m["fallback_profile"], f"{where}: fallback_profile")
+    line = m["fallback_profile"].line
+    if name is None:
+        return None
+    main = ENCODER_PROFILES.get(profile or "")
+    if main is None or not main.importance:
+        ctx.err(
+            line,
+            f"{where}: fallback_profile is only allowed with an importance-weighted "
+            f"encoder_profile (MSE_F16_SEARCH_IW_V1 or GPTQ_F16_SEARCH_IW_V1), not {profile!r}",
+        )
+        return None
+    try:
+        fb = lookup_profile(name)
+    except FormatError as exc:
+        ctx.err(line, f"{where}: fallback_profile: {exc.message} ({exc.hint})")
+        return None
+    if fb.importance or fb.factor:
+        ctx.err(
+            line,
+            f"{where}: fallback_profile {name} needs calibration data itself; name one that "
+            "does not (MSE_F16_SEARCH_V1 or MAXABS_F16_RECIP_RNE_V1)",
+        )
+        return None
+    if fmt is not None:
+        try:
+            check_profile_fits(name, fmt.name)
+        except FormatError as exc:
+            ctx.err(line, f"{where}: fallback_profile: {exc.message} ({exc.hint})")
+            return None
+    return name
 
 
 def _conversions(

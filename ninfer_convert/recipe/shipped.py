@@ -73,6 +73,19 @@ class ShippedRecipe:
         profiles = (ENCODER_PROFILES.get(r.encoder_profile or "") for r in self.recipe.rules)
         return any(p is not None and p.importance for p in profiles)
 
+    @property
+    def needs_factors(self) -> bool:
+        """Whether a rule selects a compensated encoder profile (convert then also needs
+        ``--factors``, from ``ninfer calibrate --compensation-block B --factors FILE``)."""
+        profiles = (ENCODER_PROFILES.get(r.encoder_profile or "") for r in self.recipe.rules)
+        return any(p is not None and p.factor for p in profiles)
+
+    @property
+    def calibration(self) -> tuple[str, ...]:
+        """The calibration files convert needs with this recipe, as its options:
+        ``()``, ``("--importance",)`` or ``("--importance", "--factors")``."""
+        return ("--importance",) * self.needs_importance + ("--factors",) * self.needs_factors
+
     def to_dict(self) -> dict[str, object]:
         """The ``ninfer recipes --json`` entry (docs/cli.md)."""
         r = self.recipe
@@ -96,6 +109,7 @@ class ShippedRecipe:
                 for f, bpw, roles in self.formats()
             ],
             "output": {"readme": r.output.readme},
+            "calibration": list(self.calibration),
         }
 
 
@@ -230,8 +244,8 @@ def resolve_recipe(
             f"{s.name}: {problems[0].message.removeprefix('source identity: ')}"
             for s, problems in checked
         ] + [
-            f"{s.name}: needs an importance file (never picked by identity; name it with "
-            f"--recipe {s.name} --importance FILE)"
+            f"{s.name}: needs calibration files (never picked by identity; name it with "
+            f"--recipe {s.name} " + " ".join(f"{o} FILE" for o in s.calibration) + ")"
             for s in shipped_recipes(directory)
             if s.needs_importance
         ]
