@@ -32,6 +32,7 @@
 /* Plan node kinds (jsonfields/direct.py writes the same numbers). */
 enum { N_STR = 0, N_INT = 1, N_BOOL = 2, N_OPT = 3, N_SEQ = 4, N_MAP = 5, N_JSON = 6, N_OBJ = 7 };
 #define MAX_KEYS 64 /* keys of one object node: a bit each in a uint64_t */
+#define INTERN_SLOTS 1024
 
 typedef struct {
     const unsigned char *p;
@@ -40,6 +41,11 @@ typedef struct {
     Py_ssize_t limit;
     Py_ssize_t json_depth;
     PyObject *memo;
+    /* Interned strings by a hash of their UTF-8 bytes: a repeated value (a format, a dtype, a
+       file name) is found without making and hashing a new str.  Each entry is the memo's own
+       value for its text (memo.setdefault never replaces one), so a hit gives what
+       memo.setdefault would. */
+    PyObject *interned[INTERN_SLOTS];
 } St;
 
 /* NULL without an exception set: declined. */
@@ -74,6 +80,21 @@ int_item(PyObject *t, Py_ssize_t i, long long *out)
     }
     *out = PyLong_AsLongLong(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The fixed-size C struct packed (struct.pack) into the bytes item i of a plan node. */
+static int
+packed_item(PyObject *t, Py_ssize_t i, void *out, size_t size)
+{
+    PyObject *v = item(t, i);
+    if (v == NULL) {
+        return -1;
+    }
+    if (!PyBytes_Check(v) || (size_t)PyBytes_GET_SIZE(v) != size) {
+        return bad_plan();
+    }
+    memcpy(out, PyBytes_AS_STRING(v), size);
+    return 0;
 }
 
 static inline void
@@ -631,6 +652,20 @@ typed_str(St *s, PyObject *node)
         return NULL;
     }
     int ok = !(nonempty && n == 0);
+    uint64_t h = 1469598103934665603ULL;
+    PyObject **slot = NULL;
+    if (intern && match == Py_None) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            h = (h ^ b[i]) * 1099511628211ULL; /* FNV-1a */
+        }
+        slot = &s->interned[h % INTERN_SLOTS];
+        PyObject *known = *slot;
+        if (ok && known != NULL && PyUnicode_IS_COMPACT_ASCII(known) &&
+            PyUnicode_GET_LENGTH(known) == n && memcmp(PyUnicode_1BYTE_DATA(known), b, n) == 0) {
+            PyMem_Free(buf);
+            return Py_NewRef(known);
+        }
+    }
     if (ok && hexlen > 0) {
         /* Str(pattern=[0-9a-f]{hexlen}): all ASCII, so bytes are code points */
         ok = n == hexlen;
@@ -660,6 +695,9 @@ typed_str(St *s, PyObject *node)
         Py_XINCREF(shared);
         Py_DECREF(v);
         v = shared;
+        if (v != NULL && slot != NULL) {
+            Py_XSETREF(*slot, Py_NewRef(v));
+        }
     }
     return v;
 }
@@ -738,28 +776,16 @@ build_variant(St *s, PyObject *var, PyObject **values, PyObject **argv, Py_ssize
 {
     PyObject *build = item(var, 0), *cls = item(var, 1), *check = item(var, 3);
     PyObject *args = item(var, 5), *bounds = item(var, 8);
-    long long shared;
+    uint64_t flags[3]; /* (shared, allowed, required), packed */
     if (build == NULL || cls == NULL || check == NULL || args == NULL || bounds == NULL ||
-        int_item(var, 2, &shared) || !PyTuple_Check(args) || !PyTuple_Check(bounds) ||
-        PyTuple_GET_SIZE(args) > MAX_KEYS) {
+        packed_item(var, 9, flags, sizeof flags) || !PyTuple_Check(args) ||
+        !PyTuple_Check(bounds) || PyTuple_GET_SIZE(args) > MAX_KEYS) {
         if (!PyErr_Occurred()) {
             bad_plan();
         }
         return NULL;
     }
-    PyObject *mask_allowed = item(var, 6), *mask_required = item(var, 7);
-    if (mask_allowed == NULL || mask_required == NULL || !PyLong_Check(mask_allowed) ||
-        !PyLong_Check(mask_required)) {
-        if (!PyErr_Occurred()) {
-            bad_plan();
-        }
-        return NULL;
-    }
-    uint64_t allowed = PyLong_AsUnsignedLongLong(mask_allowed);
-    uint64_t required = PyLong_AsUnsignedLongLong(mask_required);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
+    uint64_t shared = flags[0], allowed = flags[1], required = flags[2];
     if ((seen & ~allowed) || (required & ~seen)) {
         return DECLINE; /* an unknown or a missing key for this class */
     }
@@ -938,11 +964,11 @@ typed(St *s, PyObject *node)
     case N_STR:
         return typed_str(s, node);
     case N_INT: {
-        long long lo, hi, got;
-        if (int_item(node, 1, &lo) || int_item(node, 2, &hi)) {
+        long long range[2], got; /* (lo, hi), packed: hi is 2^63 - 1, a slow PyLong to read */
+        if (packed_item(node, 3, range, sizeof range)) {
             return NULL;
         }
-        return int_value(s, lo, hi, &got);
+        return int_value(s, range[0], range[1], &got);
     }
     case N_BOOL:
         if (literal(s, "true", 4)) {
@@ -996,10 +1022,14 @@ jsonfast_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     s.limit = PyLong_AsSsize_t(args[3]);
     s.json_depth = PyLong_AsSsize_t(args[4]);
     s.memo = args[2];
+    memset(s.interned, 0, sizeof s.interned);
     if ((s.limit == -1 || s.json_depth == -1) && PyErr_Occurred()) {
         return NULL;
     }
     PyObject *v = typed(&s, args[1]);
+    for (Py_ssize_t i = 0; i < INTERN_SLOTS; i++) {
+        Py_XDECREF(s.interned[i]);
+    }
     if (v != NULL) {
         skip_ws(&s);
         if (s.p != s.end) {

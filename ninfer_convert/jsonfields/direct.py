@@ -17,6 +17,7 @@ plans every document class).  :data:`ENABLED` switches the reader off (tests).
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any
 
 from ..jsonlimits import MAX_JSON_DEPTH
@@ -57,7 +58,7 @@ def _spec(spec: Spec) -> tuple[Any, ...]:
     if isinstance(spec, Int):
         # A bound naming another field is the object's (its variant's ``bounds``).
         hi = spec.hi if isinstance(spec.hi, int) else (1 << 63) - 1
-        return (_INT, spec.lo, hi)
+        return (_INT, spec.lo, hi, struct.pack("=qq", spec.lo, hi))
     if isinstance(spec, Bool):
         return (_BOOL,)
     if isinstance(spec, Opt):
@@ -128,9 +129,11 @@ def _object(classes: tuple[type[SchemaObject], ...]) -> tuple[Any, ...]:
             raise TypeError(f"{cls.__name__}: a shared class with a relative bound")
         args = tuple((i, d.default) for d, i in fields)
         check = cls._CHECK
+        flags = struct.pack("=QQQ", int(cls._SHARED), allowed, required)  # read as C words
         variants.append(
-            (_builder(cls), cls, int(cls._SHARED), check, consts, args, allowed, required, bounds)
-        )
+            (_builder(cls), cls, int(cls._SHARED), check, consts, args, allowed, required, bounds,
+             flags)
+        )  # fmt: skip
     if len(keys) > _MAX_KEYS:
         raise TypeError(f"{[c.__name__ for c in classes]}: over {_MAX_KEYS} keys")
     plan = (_OBJ, tuple(k.encode("utf-8") for k in keys), tuple(specs), tuple(variants))
