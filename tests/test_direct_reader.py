@@ -397,3 +397,20 @@ def test_any_config_is_read_directly(config: dict[str, Any]) -> None:
     doc = copy.deepcopy(HEADER)
     doc["artifact"]["source"]["config"] = config
     assert check(canonical_json(doc)) is not None
+
+
+def test_open_artifact_reads_a_valid_header_without_the_reference_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # inspect and verify open through open_artifact too, so they read the same way.
+    from ninfer_convert.container import open_artifact, typed_json
+
+    def parsed(*args: object) -> None:
+        raise AssertionError("the reference parse ran for a valid header")
+
+    monkeypatch.setattr(typed_json, "_parse", parsed)
+    with open_artifact(GOLDEN[0]) as art:
+        assert len(art.tensors) == 1
+    monkeypatch.setattr(direct, "ENABLED", False)
+    with pytest.raises(AssertionError, match="reference parse ran"):
+        open_artifact(GOLDEN[0])

@@ -6,7 +6,9 @@ turns the raw bytes of a header or index into its typed schema value, or raises 
 repeated keys, no NaN/Infinity, no lone surrogate escapes, bounded integers and nesting
 (:data:`HEADER_DEPTH`, :data:`INDEX_DEPTH`, checked by :mod:`ninfer_convert.jsonlimits`
 without recursion); a document is refused for the first problem in that order, whatever
-order the cheaper common path checks in.
+order the cheaper common path checks in.  The common path is the direct reader
+(:mod:`ninfer_convert.jsonfields.direct`): the typed value built while the bytes are parsed,
+or a decline, after which the checks run in that order.
 """
 
 from __future__ import annotations
