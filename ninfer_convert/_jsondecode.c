@@ -250,16 +250,16 @@ string_bytes(St *s, const unsigned char **out, Py_ssize_t *len, unsigned char **
         case 'u': {
             unsigned cp, lo;
             if (q - r < 4 || !hex4(r, &cp)) {
-                return 0;
+                goto invalid;
             }
             r += 4;
             if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                return 0; /* a lone low surrogate */
+                goto invalid; /* a lone low surrogate */
             }
             if (cp >= 0xD800 && cp <= 0xDBFF) {
                 if (q - r < 6 || r[0] != '\\' || r[1] != 'u' || !hex4(r + 2, &lo) ||
                     lo < 0xDC00 || lo > 0xDFFF) {
-                    return 0; /* a lone high surrogate */
+                    goto invalid; /* a lone high surrogate */
                 }
                 r += 6;
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
@@ -268,12 +268,16 @@ string_bytes(St *s, const unsigned char **out, Py_ssize_t *len, unsigned char **
             break;
         }
         default:
-            return 0;
+            goto invalid;
         }
     }
     *out = o;
     *len = (Py_ssize_t)n;
     return 1;
+invalid:
+    PyMem_Free(o);
+    *buf = NULL;
+    return 0;
 }
 
 /* The string literal at s->p as a str, or DECLINE / NULL with an exception. */

@@ -414,3 +414,31 @@ def test_open_artifact_reads_a_valid_header_without_the_reference_parse(
     monkeypatch.setattr(direct, "ENABLED", False)
     with pytest.raises(AssertionError, match="reference parse ran"):
         open_artifact(GOLDEN[0])
+
+
+def test_declined_documents_leave_no_memory_behind() -> None:
+    # A string whose escapes turn out invalid after its buffer was allocated, a repeated key,
+    # a document cut short: each decline frees what it made (tracemalloc sees PyMem blocks).
+    import tracemalloc
+
+    text = _canon()
+    docs = [
+        text.replace('"x"', '"' + "y" * 2000 + '\\ud800"', 1),
+        text.replace('"kind"', '"' + "k" * 2000 + '\\q"', 1),
+        text.replace('"x"', '"' + "y" * 2000 + '\\u00"', 1),
+        text.replace('"role":"weight"', '"role":"weight","role":"weight"', 1),
+        text[: len(text) // 2],
+    ]
+    raws = [d.encode("utf-8") for d in docs]
+    for raw in raws:
+        assert direct.decode(Header, raw, HEADER_DEPTH) is None
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(200):
+            for raw in raws:
+                direct.decode(Header, raw, HEADER_DEPTH)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, grown
