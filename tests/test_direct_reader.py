@@ -442,3 +442,23 @@ def test_declined_documents_leave_no_memory_behind() -> None:
     finally:
         tracemalloc.stop()
     assert grown < 100_000, grown
+
+
+def test_many_distinct_interned_values_of_one_length_are_kept_apart() -> None:
+    # 1,100 roles, formats and source files of equal length: more than the C reader's table of
+    # interned strings has slots (1,024), so slots are shared and only the bytes tell values
+    # apart.
+    doc = copy.deepcopy(HEADER)
+    entries = []
+    template = json.dumps(ENTRY)
+    for i in range(1100):
+        entry = json.loads(template)
+        entry["name"] = f"t{i}"
+        entry["role"] = f"r{i:05d}"
+        entry["format"] = f"F{i % 700:05d}"
+        entry["provenance"]["sources"][0]["file"] = f"f{(i * 7) % 1100:05d}"
+        entries.append(entry)
+    doc["tensors"] = entries
+    got = check(canonical_json(doc))
+    assert got is not None
+    assert [t.role for t in got.tensors] == [f"r{i:05d}" for i in range(1100)]
