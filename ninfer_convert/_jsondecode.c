@@ -656,25 +656,26 @@ typed_str(St *s, PyObject *node)
         return NULL;
     }
     int ok = !(nonempty && n == 0);
-    uint64_t h = 1469598103934665603ULL;
-    PyObject **slot = NULL;
-    if (intern && match == Py_None) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            h = (h ^ b[i]) * 1099511628211ULL; /* FNV-1a */
-        }
-        slot = &s->interned[h % INTERN_SLOTS];
-        PyObject *known = *slot;
-        if (ok && known != NULL && PyUnicode_IS_COMPACT_ASCII(known) &&
-            PyUnicode_GET_LENGTH(known) == n && memcmp(PyUnicode_1BYTE_DATA(known), b, n) == 0) {
-            PyMem_Free(buf);
-            return Py_NewRef(known);
-        }
-    }
     if (ok && hexlen > 0) {
         /* Str(pattern=[0-9a-f]{hexlen}): all ASCII, so bytes are code points */
         ok = n == hexlen;
         for (Py_ssize_t i = 0; ok && i < n; i++) {
             ok = (b[i] >= '0' && b[i] <= '9') || (b[i] >= 'a' && b[i] <= 'f');
+        }
+    }
+    PyObject **slot = NULL;
+    if (ok && intern && match == Py_None) {
+        /* Only after this spec's own checks: the slot may hold a text another spec accepted. */
+        uint64_t h = 1469598103934665603ULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            h = (h ^ b[i]) * 1099511628211ULL; /* FNV-1a */
+        }
+        slot = &s->interned[h % INTERN_SLOTS];
+        PyObject *known = *slot;
+        if (known != NULL && PyUnicode_IS_COMPACT_ASCII(known) &&
+            PyUnicode_GET_LENGTH(known) == n && memcmp(PyUnicode_1BYTE_DATA(known), b, n) == 0) {
+            PyMem_Free(buf);
+            return Py_NewRef(known);
         }
     }
     PyObject *v = ok ? PyUnicode_DecodeUTF8((const char *)b, n, "strict") : NULL;

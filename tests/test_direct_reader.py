@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,9 @@ from hypothesis import strategies as st
 
 from ninfer_convert.container.schema import Header, IndexFile, SchemaObject
 from ninfer_convert.container.typed_json import HEADER_DEPTH, INDEX_DEPTH, parse_typed
-from ninfer_convert.container.wire import PRELUDE, PRELUDE_SIZE, canonical_json
+from ninfer_convert.container.wire import DIGEST_HEX_RE, PRELUDE, PRELUDE_SIZE, canonical_json
 from ninfer_convert.errors import ArtifactError
-from ninfer_convert.jsonfields import direct
+from ninfer_convert.jsonfields import Str, direct, js, schema
 from ninfer_convert.jsonlimits import MAX_JSON_DEPTH
 
 pytestmark = pytest.mark.skipif(not direct.ENABLED, reason="needs the C module _jsonfast")
@@ -462,3 +463,19 @@ def test_many_distinct_interned_values_of_one_length_are_kept_apart() -> None:
     got = check(canonical_json(doc))
     assert got is not None
     assert [t.role for t in got.tensors] == [f"r{i:05d}" for i in range(1100)]
+
+
+@schema("pair")
+@dataclass(frozen=True, slots=True)
+class _InternedPair(SchemaObject):
+    """Two interned strings, the second a digest: one text can pass one spec and not the other."""
+
+    a: str = field(metadata=js(Str(intern=True)))
+    b: str = field(metadata=js(Str(intern=True, pattern=DIGEST_HEX_RE, mismatch=str)))
+
+
+@pytest.mark.parametrize("text", ["g" * 32, DIGEST, ""])
+def test_an_interned_value_is_checked_by_every_spec_that_reads_it(text: str) -> None:
+    raw = canonical_json({"a": text, "b": text})
+    accepted = check(raw, _InternedPair, 2)
+    assert (accepted is not None) == (text == DIGEST)
