@@ -359,6 +359,12 @@ def test_random_text_edits_give_the_reference_answer(data: st.DataObject) -> Non
     check(text.encode("utf-8"))
 
 
+def _json_children(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)
+    )
+
+
 JSON_VALUES = st.recursive(
     st.one_of(
         st.none(),
@@ -367,9 +373,7 @@ JSON_VALUES = st.recursive(
         st.floats(allow_nan=False, allow_infinity=False),
         st.text(max_size=6),
     ),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
+    _json_children,
     max_leaves=8,
 )
 
