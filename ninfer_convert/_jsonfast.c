@@ -11,6 +11,9 @@
  * if it held no strings at all: this scan rewinds to just after such a quote and does the
  * same.  A text without any '[' or '{' (anywhere) has no object, so members is 0.
  *
+ * decode(raw, plan, memo, limit, json_depth): _jsondecode.c (the header as schema objects,
+ * built while it is parsed, or None to leave it to the reference reader).
+ *
  * dict_values(value, keys) -> the values of `keys` (a tuple of distinct strings), in order, when
  * `value` is exactly a dict holding exactly those keys, else None: a compiled decoder's key
  * check and field reads in one call.
@@ -28,6 +31,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+
+#include "_jsondecode.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* scan */
@@ -333,6 +338,9 @@ dict_values(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))jsonfast_decode, METH_FASTCALL,
+     "decode(raw, plan, memo, limit, json_depth) -> the document as schema objects, built "
+     "while parsing, or None (declined: the reference reader decides)"},
     {"dict_values", (PyCFunction)(void (*)(void))dict_values, METH_FASTCALL,
      "dict_values(value, keys) -> the values of keys if value is a dict with exactly those "
      "keys (distinct), else None"},

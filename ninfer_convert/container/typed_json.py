@@ -6,7 +6,9 @@ turns the raw bytes of a header or index into its typed schema value, or raises 
 repeated keys, no NaN/Infinity, no lone surrogate escapes, bounded integers and nesting
 (:data:`HEADER_DEPTH`, :data:`INDEX_DEPTH`, checked by :mod:`ninfer_convert.jsonlimits`
 without recursion); a document is refused for the first problem in that order, whatever
-order the cheaper common path checks in.
+order the cheaper common path checks in.  The common path is the direct reader
+(:mod:`ninfer_convert.jsonfields.direct`): the typed value built while the bytes are parsed,
+or a decline, after which the checks run in that order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ArtifactError
+from ..jsonfields import direct
 from ..jsonlimits import NATIVE_SCAN, compact_members, scan
 from .schema import MAX_JSON_DEPTH, Header, IndexFile, SchemaError
 from .wire import canonical_json
@@ -131,7 +134,18 @@ def parse_typed(cls: type[_S], raw: bytes, what: str, path: Path, depth: int) ->
     Python's recursion limit (when that limit was raised above
     :data:`_PARSE_FIRST_MAX_RECURSION`, the nesting scan runs first instead).  Whenever the
     parse or the schema refuses, the full order above runs, so the message is the one that
-    order gives."""
+    order gives.
+
+    First of all the direct reader (:mod:`~ninfer_convert.jsonfields.direct`, the C module)
+    tries to build the typed value while it parses; it accepts only what this function
+    accepts, with the same value, and declines everything else, which then takes the path
+    above."""
+    if direct.ENABLED:
+        if not raw.isascii():
+            _utf8(raw, what, path)  # the direct reader reads valid UTF-8 only
+        typed_direct: _S | None = direct.decode(cls, raw, depth)
+        if typed_direct is not None:
+            return typed_direct
     text = _utf8(raw, what, path)
     # The parser's C recursion is bounded only by Python's recursion limit: parsing before the
     # nesting scan is safe only while that limit is low enough for the C stack (a host that
