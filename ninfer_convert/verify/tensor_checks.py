@@ -22,8 +22,7 @@ Contract of :func:`check_tensor` (run by :mod:`.runner` on the worker threads):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..container import Artifact
+from ..container import Artifact, PlaneEntry
 
 # Convert's own derivation, looked up on the module at each call (a function-level import
 # cost about 5 us, three per tiny tensor).
@@ -125,17 +124,24 @@ def bytes_equal(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
     return bool(np.array_equal(a[whole:], b[whole:]))
 
 
-@contextmanager
-def _stored_planes(art: Artifact, name: str) -> Iterator[list[npt.NDArray[np.uint8]]]:
-    """The stored planes of ``name`` as read-only byte arrays over the mapping, released on
-    exit (the caller must not keep them)."""
-    views = [art.plane_buffer(name, p.name) for p in art.tensors[name].planes]
-    arrays = [np.frombuffer(v, dtype=np.uint8) for v in views]
-    try:
-        yield arrays
-    finally:
-        arrays.clear()
-        for view in views:
+class _StoredPlanes:
+    """The stored planes of a tensor as read-only byte arrays over the mapping, released on
+    exit (the caller must not keep them).  A class, not a generator context manager: this
+    runs once per tensor, and the generator's set-up cost more than a one-element check."""
+
+    __slots__ = ("arrays", "views")
+
+    def __init__(self, art: Artifact, name: str, planes: tuple[PlaneEntry, ...]) -> None:
+        self.views = [art.plane_buffer(name, p.name) for p in planes]
+        self.arrays: list[npt.NDArray[np.uint8]] = []
+
+    def __enter__(self) -> list[npt.NDArray[np.uint8]]:
+        self.arrays = [np.frombuffer(v, dtype=np.uint8) for v in self.views]
+        return self.arrays
+
+    def __exit__(self, *exc: object) -> None:
+        self.arrays.clear()
+        for view in self.views:
             view.release()
 
 
@@ -253,6 +259,10 @@ def check_tensor(
     enc = derived.enc
     if enc is not None and tuple(enc.words.shape) != tuple(info.shape):
         enc = None  # not in the tensor's logical coordinates: no oracle, no statistics
+    if derived.equal and enc is None:
+        # Equal planes and no encoder input (direct formats and copy paths): nothing to
+        # decode, no oracle sample and no statistics, which all need the encoder's input.
+        return out
     found = _stored_words(art, name, fmt, derived, enc, acc, out)
     if found is None:
         return out
@@ -280,24 +290,27 @@ def _rederive(
     """Re-derive ``name`` and compare it with the stored planes; None (after the value check)
     when a source tensor's digest differs from the recorded one.  A tensor that differs is
     derived whole, after ``reserve``, to locate its differences."""
-    info = art.tensors[name]
+    planes = art.tensors[name].planes
     packed: PackedTensor | None = None
     equal: bool | None = None
     enc: EncodeInput | None
-    if blockwise(ctx, entry):
-        plane_digests = [art.new_plane_digest() for _ in info.planes]
-        with _stored_planes(art, name) as stored_planes:
+    # blockwise() and streamed(), decided with one format lookup: every entry that is not
+    # grouped is a direct format or a copy path.
+    grouped = lookup_format(entry.format).is_grouped
+    if grouped and ctx.device == "cpu":
+        plane_digests = [art.new_plane_digest() for _ in planes]
+        with _StoredPlanes(art, name, planes) as stored_planes:
             equal, digests, enc = derivation.host_grouped_equals(
                 entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc,
                 digests=plane_digests,
             )  # fmt: skip
         # The stored bytes were digested while they were compared: no second read.
         out.integrity = _plane_digest_findings(art, name, plane_digests)
-    elif streamed(entry):
+    elif not grouped:
         # Direct formats and copy paths: re-derived a block at a time, each block compared
         # with its slice of the stored planes and the slice digested on the way.
-        plane_digests = [art.new_plane_digest() for _ in info.planes]
-        with _stored_planes(art, name) as stored_planes:
+        plane_digests = [art.new_plane_digest() for _ in planes]
+        with _StoredPlanes(art, name, planes) as stored_planes:
             equal, digests = derivation.host_stream_equals(
                 entry, ctx.source, stored_planes, plane_digests
             )
