@@ -7,11 +7,13 @@ at a time; a tensor is admitted against convert's in-flight byte budget with wha
 allocates (nothing for a tensor compared block by block from the mapped source or a direct /
 copy-path tensor, its source bytes for another re-derived tensor, its stored bytes for one
 only decoded), and a block-compared tensor that differs reserves its source bytes before it
-is derived whole.  Consecutive small tensors run as one task
-(:func:`ninfer_convert.scheduler.batches`); the stored planes and source bytes of the
-tensors ahead are read into the page cache in the background.  A tensor whose planes were not
-digested on the way has them digested here (``integrity``).  ``emit('tensors', done, total,
-name)`` is called once before any tensor and once after each, from the worker threads.
+is derived whole; a tensor admitted at no cost never waits for the budget.  Consecutive small
+tensors run as one task (:func:`ninfer_convert.scheduler.batches`); the stored planes and
+source bytes of the tasks ahead are read into the page cache in the background (the window
+counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
+planes were not digested on the way has them digested here (``integrity``).
+``emit('tensors', done, total, name)`` is called once before any tensor and once after each,
+from the worker threads.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from .tensor_checks import (
 
 if TYPE_CHECKING:
     from ..recipe import PlanEntry
-    from ..source import SourceCheckpoint
 
 __all__ = ["run_tensors"]
 
@@ -169,54 +170,42 @@ def run_tensors(
 
 
 def _prefetch(art: Artifact, ctx: SourceContext | None, names: tuple[str, ...]) -> None:
-    """Request read-ahead of the stored planes and source bytes of consecutive tensors: what
-    :meth:`Artifact.prefetch` and :meth:`SourceCheckpoint.prefetch` request for each, with
-    back-to-back ranges of a file merged here (as :func:`~ninfer_convert.readahead.batched`
-    would merge them) so a batch of tiny tensors costs a few requests, not two per tensor."""
-    spans = _Spans()
+    """Request read-ahead of the stored planes and source bytes of a batch of tensors: what
+    :meth:`Artifact.prefetch` and :meth:`SourceCheckpoint.prefetch` request for each, with the
+    ranges of each file sorted and merged here (overlapping, or within one read-ahead piece of
+    each other) so a batch of tiny tensors costs a few requests, not two per tensor.  Sorted,
+    because the stored order need not be the source's: a batch of names in stored order reads
+    scattered source bytes, and merging only back-to-back ranges left one request per tensor."""
+    spans: dict[Path, list[tuple[int, int]]] = {}
+    paths: dict[str, Path] = {}
     for name in names:
-        planes = art.tensors[name].planes
+        info = art.tensors[name]
+        planes = info.planes
         if planes:
             start = min(p.offset for p in planes) if len(planes) > 1 else planes[0].offset
             end = max(p.offset + p.nbytes for p in planes)
-            spans.add(art.tensors[name].file, start, end)
+            spans.setdefault(info.file, []).append((start, end))
         entry = ctx.entries.get(name) if ctx is not None else None
         if entry is not None:
             assert ctx is not None
             source = ctx.source
             for s in entry.sources:
-                info = source.tensors.get(s.name)
-                if info is not None and info.nbytes:
-                    spans.add(spans.source_path(source, info.file), info.offset,
-                              info.offset + info.nbytes)  # fmt: skip
-    spans.submit()
-
-
-class _Spans:
-    """Byte ranges to read ahead, per file, each merged with the previous range of its file
-    when it starts within one read-ahead piece after that range's end."""
-
-    def __init__(self) -> None:
-        self.ranges: dict[Path, list[list[int]]] = {}
-        self.paths: dict[str, Path] = {}
-
-    def source_path(self, source: SourceCheckpoint, file: str) -> Path:
-        path = self.paths.get(file)
-        if path is None:
-            path = self.paths[file] = source.file_path(file)
-        return path
-
-    def add(self, path: Path, start: int, end: int) -> None:
-        mine = self.ranges.setdefault(path, [])
-        if mine and mine[-1][1] <= start <= mine[-1][1] + CHUNK:
-            mine[-1][1] = max(mine[-1][1], end)
-        else:
-            mine.append([start, end])
-
-    def submit(self) -> None:
-        for path, spans in self.ranges.items():
-            for start, end in spans:
-                read_ahead(path, start, end - start)
+                t = source.tensors.get(s.name)
+                if t is not None and t.nbytes:
+                    path = paths.get(t.file)
+                    if path is None:
+                        path = paths[t.file] = source.file_path(t.file)
+                    spans.setdefault(path, []).append((t.offset, t.offset + t.nbytes))
+    for path, ranges in spans.items():
+        ranges.sort()
+        first, last = ranges[0]
+        for start, end in ranges[1:]:
+            if start <= last + CHUNK:
+                last = max(last, end)
+            else:
+                read_ahead(path, first, last - first)
+                first, last = start, end
+        read_ahead(path, first, last - first)
 
 
 def _no_cost(task: tuple[int, Batch[str]]) -> int:
