@@ -27,10 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
-from ..container import Artifact, PlaneEntry
+from ..container import Artifact
 
 # Convert's own derivation, looked up on the module at each call (a function-level import
 # cost about 5 us, three per tiny tensor).
@@ -53,6 +50,7 @@ from ..recipe.materialize import DerivedWords, streams_directly
 from ..validate import logical_problems
 from .compare import BlockStats, compare_logical, error_stats, oracle_sample, oracle_sample_rows
 from .report import Finding, Mismatch, TensorErrorStats
+from .stored_planes import StoredPlanes, bytes_equal, stored_equals
 
 if TYPE_CHECKING:  # imported lazily at run time (recipe and source pull in more)
     from ..derive import PackedTensor
@@ -106,59 +104,6 @@ class _Rederived:
     """The whole derivation, when one was made (always when ``equal`` is false)."""
     enc: EncodeInput | None
     """The encoder's input, when the tensor was encoded from it."""
-
-
-_COMPARE_WORDS = 1 << 17
-"""64-bit words compared per step (1 MiB): the comparison's boolean temporary stays in cache
-instead of being a fresh allocation the size of the plane (2.5x faster on 300 MB)."""
-
-
-def bytes_equal(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
-    if a.size != b.size:
-        return False
-    whole = a.size // 8 * 8
-    a64, b64 = a[:whole].view(np.uint64), b[:whole].view(np.uint64)
-    for i in range(0, a64.size, _COMPARE_WORDS):
-        if not np.array_equal(a64[i : i + _COMPARE_WORDS], b64[i : i + _COMPARE_WORDS]):
-            return False
-    return bool(np.array_equal(a[whole:], b[whole:]))
-
-
-class _StoredPlanes:
-    """The stored planes of a tensor as read-only byte arrays over the mapping, released on
-    exit (the caller must not keep them).  A class, not a generator context manager: this
-    runs once per tensor, and the generator's set-up cost more than a one-element check."""
-
-    __slots__ = ("arrays", "views")
-
-    def __init__(self, art: Artifact, name: str, planes: tuple[PlaneEntry, ...]) -> None:
-        self.views = [art.plane_buffer(name, p.name) for p in planes]
-        self.arrays: list[npt.NDArray[np.uint8]] = []
-
-    def __enter__(self) -> list[npt.NDArray[np.uint8]]:
-        self.arrays = [np.frombuffer(v, dtype=np.uint8) for v in self.views]
-        return self.arrays
-
-    def __exit__(self, *exc: object) -> None:
-        self.arrays.clear()
-        for view in self.views:
-            view.release()
-
-
-def _stored_equals(art: Artifact, name: str, planes: list[npt.NDArray[np.uint8]]) -> bool:
-    """True when every stored plane of ``name`` equals ``planes`` byte for byte."""
-    info = art.tensors[name]
-    for plane, packed in zip(info.planes, planes, strict=True):
-        view = art.plane_buffer(name, plane.name)
-        try:
-            stored = np.frombuffer(view, dtype=np.uint8)
-            same = bytes_equal(stored, packed)
-            del stored
-        finally:
-            view.release()
-        if not same:
-            return False
-    return True
 
 
 def _read_and_check_values(art: Artifact, name: str, out: TensorOutcome) -> LogicalTensor | None:
@@ -299,7 +244,7 @@ def _rederive(
     grouped = lookup_format(entry.format).is_grouped
     if grouped and ctx.device == "cpu":
         plane_digests = [art.new_plane_digest() for _ in planes]
-        with _StoredPlanes(art, name, planes) as stored_planes:
+        with StoredPlanes(art, name, planes) as stored_planes:
             equal, digests, enc = derivation.host_grouped_equals(
                 entry, ctx.source, stored_planes, threads=ctx.threads, on_block=acc,
                 digests=plane_digests,
@@ -310,7 +255,7 @@ def _rederive(
         # Direct formats and copy paths: re-derived a block at a time, each block compared
         # with its slice of the stored planes and the slice digested on the way.
         plane_digests = [art.new_plane_digest() for _ in planes]
-        with _StoredPlanes(art, name, planes) as stored_planes:
+        with StoredPlanes(art, name, planes) as stored_planes:
             equal, digests = derivation.host_stream_equals(
                 entry, ctx.source, stored_planes, plane_digests
             )
@@ -326,7 +271,7 @@ def _rederive(
         return None
     if equal is None:
         assert packed is not None
-        equal = _stored_equals(art, name, packed.planes)
+        equal = stored_equals(art, name, packed.planes)
     elif not equal:
         reserve(entry.source_bytes)
         packed = derivation.derive_packed(entry, ctx.source, device=ctx.device, threads=ctx.threads)
