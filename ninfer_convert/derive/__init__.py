@@ -10,7 +10,8 @@ command imports the other.
   comparisons :func:`host_grouped_equals`, :func:`host_stream_equals`, :func:`plane_stream`.
 * :mod:`.fused`: the fused encode-and-pack row-block path of grouped formats.
 * :mod:`.device`: :func:`resolve_device` (``--device auto|cpu|cuda``).
-* :mod:`.provenance`: :func:`provenance_of`, the provenance recorded for an entry.
+* :mod:`.provenance`: :func:`provenance_of`, the provenance recorded for an entry, and
+  :func:`provenance_matches`, the comparison verify makes with it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .entry import (
     host_stream_equals,
     plane_stream,
 )
-from .provenance import provenance_of
+from .provenance import provenance_matches, provenance_of
 
 __all__ = [
     "DerivedTensor",
@@ -35,6 +36,7 @@ __all__ = [
     "host_grouped_equals",
     "host_stream_equals",
     "plane_stream",
+    "provenance_matches",
     "provenance_of",
     "resolve_device",
 ]

@@ -34,6 +34,7 @@ from ..logical import GroupedCodes, LogicalTensor
 from ..recipe import EncodeInput, PlanEntry, materialize
 from ..recipe.materialize import (
     DerivedWords,
+    DirectStream,
     PlaneBlocks,
     stream_copy,
     stream_direct,
@@ -271,13 +272,18 @@ def plane_stream(
     if entry.copy is not None:
         return stream_copy(entry, source)
     stream = stream_direct(entry, source)
+    return stream.source_digests, _direct_blocks(stream)
+
+
+def _direct_blocks(stream: DirectStream) -> Callable[[], PlaneBlocks]:
+    """The stream's words as (plane 0, little-endian bytes) blocks."""
     le = stream.word_dtype.newbyteorder("<")
 
     def blocks() -> PlaneBlocks:
         for block in stream.blocks():
             yield 0, block.astype(le, copy=False).view(np.uint8)
 
-    return stream.source_digests, blocks
+    return blocks
 
 
 def _same_bytes(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> bool:
@@ -308,7 +314,11 @@ def host_stream_equals(
     decided block by block (:func:`plane_stream`) without building the tensor; ``digests``
     (one per stored plane) are fed every stored byte in order on the way.  Returns (equal,
     source digests)."""
-    source_digests, blocks = plane_stream(entry, source)
+    if entry.copy is None:
+        stream = stream_direct(entry, source)
+        source_digests: Mapping[str, str] = stream.source_digests
+    else:
+        source_digests, blocks = stream_copy(entry, source)
     sizes = list(_plane_sizes(entry.format, entry.shape))
     if digests is not None and len(digests) != len(stored):
         raise ValueError("one digest per stored plane")
@@ -316,6 +326,14 @@ def host_stream_equals(
         for digest, plane in zip(digests or [], stored, strict=False):
             digest.update(plane)
         return False, dict(source_digests)
+    if entry.copy is None and len(sizes) == 1:
+        # A direct format (one plane): its blocks compared and digested without the (plane,
+        # bytes) pairs of plane_stream, which cost more than a one-element tensor's check.
+        return _direct_equals(stream, stored[0], digests[0] if digests else None), dict(
+            source_digests
+        )
+    if entry.copy is None:  # pragma: no cover - every direct layout has one plane
+        blocks = _direct_blocks(stream)
     equal = True
     pos = [0] * len(stored)
     for i, data in blocks():
@@ -326,6 +344,25 @@ def host_stream_equals(
             digests[i].update(part)
         pos[i] += data.size
     return equal and pos == sizes, dict(source_digests)
+
+
+def _direct_equals(
+    stream: DirectStream, plane: npt.NDArray[np.uint8], digest: Digest | None
+) -> bool:
+    """Whether the stored plane equals the stream's little-endian words (the plane has the
+    layout's size), feeding ``digest`` the stored bytes in order on the way."""
+    le = stream.word_dtype.newbyteorder("<")
+    equal = True
+    pos = 0
+    for block in stream.blocks():
+        data = block.astype(le, copy=False).view(np.uint8)
+        part = plane[pos : pos + data.size]
+        if equal and not _same_bytes(part, data):
+            equal = False
+        if digest is not None:
+            digest.update(part)
+        pos += data.size
+    return equal and pos == plane.size
 
 
 def _grouped_input(

@@ -8,6 +8,9 @@ onto the stored transforms (a concat keeps its axis, not its input names: those 
 sources), a copy path adds a final ``copy-quantized`` transform, the plan's rule reference
 loses its ``kind``, and the importance digest is present only for an entry that carries an
 importance vector (so other artifacts stay byte-identical).
+:func:`provenance_matches` is ``provenance_of(entry) == stored`` without building the expected
+value for the common entry (one or more sources, no transform, copy path, importance or
+factor); any other entry is compared with :func:`provenance_of` itself.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..container.schema import (
 from ..importance import vector_digest
 from ..recipe import PlanEntry
 
-__all__ = ["provenance_of"]
+__all__ = ["provenance_matches", "provenance_of"]
 
 
 def provenance_of(entry: PlanEntry) -> Provenance:
@@ -51,3 +54,42 @@ def provenance_of(entry: PlanEntry) -> Provenance:
         factor=None if entry.factor is None else entry.factor.digest,
         factor_block=None if entry.factor is None else entry.factor.block,
     )
+
+
+def provenance_matches(entry: PlanEntry, stored: Provenance) -> bool:
+    """``provenance_of(entry) == stored``, field by field with the same ``==`` the typed
+    values' equality applies (verify compares every stored tensor's provenance; building the
+    typed value cost more than the comparison).  Exact types are required, as the dataclass
+    equality requires them; an entry with transforms, a copy path, an importance vector or a
+    factor is compared with :func:`provenance_of` itself."""
+    if entry.transforms or entry.copy is not None or entry.importance is not None:
+        return provenance_of(entry) == stored
+    if entry.factor is not None or type(stored) is not Provenance:
+        return provenance_of(entry) == stored
+    rule, planned = stored.rule, entry.rule
+    if not (
+        stored.transforms == ()
+        and stored.conversion == entry.conversion
+        and stored.encoder_profile == entry.encoder_profile
+        and stored.constraints == entry.constraints
+        and stored.importance is None
+        and stored.factor is None
+        and stored.factor_block is None
+        and type(rule) is RuleRef
+        and type(stored.sources) is tuple  # provenance_of builds a tuple
+        and rule.index == planned.index
+        and rule.line == planned.line
+        and rule.pattern == planned.pattern
+        and len(stored.sources) == len(entry.sources)
+    ):
+        return False
+    for ref, src in zip(stored.sources, entry.sources, strict=True):
+        if not (
+            type(ref) is SourceRef
+            and ref.name == src.name
+            and ref.dtype == src.dtype
+            and ref.shape == src.shape
+            and ref.file == src.file
+        ):
+            return False
+    return True

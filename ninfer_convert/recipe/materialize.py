@@ -33,6 +33,7 @@ Rules enforced here (spec Sections 3.1, 3.3, 3.4, 9):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -356,12 +357,17 @@ def streams_directly(entry: PlanEntry) -> bool:
     return entry.copy is None and not lookup_format(entry.format).is_grouped
 
 
+@functools.cache
+def _word_dtype(name: str) -> np.dtype[np.generic]:
+    return np.dtype(name)
+
+
 def stream_direct(
     entry: PlanEntry, source: SourceCheckpoint, block_elements: int = BLOCK_ELEMENTS
 ) -> DirectStream:
     """Read the entry's sources (digesting them) and return its stored words as a stream."""
     fmt = lookup_format(entry.format)
-    if not streams_directly(entry):  # pragma: no cover - callers check streams_directly
+    if entry.copy is not None or fmt.is_grouped:  # pragma: no cover - see streams_directly
         raise SourceError("not a direct-format entry", tensor=entry.output)
     arrays = [_read(entry, source, s.name, s.dtype, s.shape) for s in entry.sources]
     digests = {a.name: a.digest for a in arrays}
@@ -373,7 +379,7 @@ def stream_direct(
     step = max(block_elements, 64 * shape[-1]) if len(shape) == 2 else block_elements
     step = max(1, min(step, 16 * block_elements))
     finite_only = FINITE_ONLY in entry.constraints and fmt.name in ("BF16", "FP32")
-    word_dtype = np.dtype(fmt.word_dtype)
+    word_dtype = _word_dtype(fmt.word_dtype)
 
     op = _NATIVE_OPS.get(entry.conversion or "") if _native is not None else None
     rounding = entry.conversion in ("f32-to-bf16-rne", "f16-to-bf16-rne")

@@ -8,7 +8,7 @@ Public API::
 See :mod:`.engine` for the contract of the checks (the driver; the checks themselves are in
 :mod:`.artifact_checks`, :mod:`.prepare`, :mod:`.source_identity`, :mod:`.tensor_checks` and
 :mod:`.runner`), :mod:`.report` for the report and its JSON schema (documented in docs/cli.md),
-and :mod:`.compare` for the bit-exact comparisons.
+and :mod:`.compare` and :mod:`.stored_planes` for the bit-exact comparisons.
 """
 
 from __future__ import annotations

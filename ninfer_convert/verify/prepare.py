@@ -271,7 +271,7 @@ def _recorded_metadata_findings(
 ) -> list[Finding]:
     """Each stored tensor's ``role`` and whole ``provenance`` against what convert records
     for its plan entry (:func:`ninfer_convert.derive.provenance_of`, the one definition)."""
-    from ..derive import provenance_of
+    from ..derive import provenance_matches, provenance_of
 
     findings: list[Finding] = []
     for name, entry in entries.items():
@@ -281,10 +281,9 @@ def _recorded_metadata_findings(
         problems = []
         if info.role != entry.role:
             problems.append(f"role {info.role!r}, the recipe gives {entry.role!r}")
-        recorded = provenance_of(entry)
         # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
-        same = recorded == info.entry.provenance
-        expected = {} if same else recorded.to_json()
+        same = provenance_matches(entry, info.entry.provenance)
+        expected = {} if same else provenance_of(entry).to_json()
         stored = {} if same else info.entry.provenance.to_json()
         for key in sorted(set(expected) | set(stored)):
             if expected.get(key) != stored.get(key):

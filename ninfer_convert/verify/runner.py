@@ -7,21 +7,25 @@ at a time; a tensor is admitted against convert's in-flight byte budget with wha
 allocates (nothing for a tensor compared block by block from the mapped source or a direct /
 copy-path tensor, its source bytes for another re-derived tensor, its stored bytes for one
 only decoded), and a block-compared tensor that differs reserves its source bytes before it
-is derived whole.  Consecutive small tensors run as one task
-(:func:`ninfer_convert.scheduler.batches`); the stored planes and source bytes of the
-tensors ahead are read into the page cache in the background.  A tensor whose planes were not
-digested on the way has them digested here (``integrity``).  ``emit('tensors', done, total,
-name)`` is called once before any tensor and once after each, from the worker threads.
+is derived whole; a tensor admitted at no cost never waits for the budget.  Consecutive small
+tensors run as one task (:func:`ninfer_convert.scheduler.batches`); the stored planes and
+source bytes of the tasks ahead are read into the page cache in the background (the window
+counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
+planes were not digested on the way has them digested here (``integrity``).
+``emit('tensors', done, total, name)`` is called once before any tensor and once after each,
+from the worker threads.
 """
 
 from __future__ import annotations
 
-import threading
+import itertools
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..container import Artifact
+from ..readahead import CHUNK, read_ahead
 from ..scheduler import Batch, ByteBudget, batches, bounded, inflight_budget, worker_pool
 from .report import Finding
 from .tensor_checks import (
@@ -80,13 +84,14 @@ class _TensorWork:
     ) -> None:
         self.art, self.ctx, self.costs, self.budget = art, ctx, costs, budget
         self.total, self.emit = total, emit
-        self.done = 0
-        self.lock = threading.Lock()
+        # next() of a count is atomic under the GIL: the progress count needs no lock.
+        self.done = itertools.count(1)
 
     def __call__(self, name: str) -> TensorOutcome:
         art, budget = self.art, self.budget
         held = self.costs[name]
-        budget.acquire(held)
+        if held:  # a tensor admitted at no cost never waits, and has nothing to release
+            budget.acquire(held)
 
         def reserve(nbytes: int) -> None:
             nonlocal held
@@ -99,11 +104,9 @@ class _TensorWork:
             if result.integrity is None:  # not digested on the way: read the planes for it
                 result.integrity = [Finding.of("integrity", e) for e in art.verify_tensor(name)]
         finally:
-            budget.release(held)
-        with self.lock:
-            self.done += 1
-            count = self.done
-        self.emit("tensors", count, self.total, name)
+            if held:
+                budget.release(held)
+        self.emit("tensors", next(self.done), self.total, name)
         return result
 
 
@@ -116,50 +119,94 @@ def run_tensors(
 ) -> list[TensorOutcome]:
     total = len(names)
     emit("tensors", 0, total, None)
-    costs = {n: _cost(art, ctx, n) for n in names}
-    # Sized for the largest tensor whatever its admission cost: a block-compared tensor that
-    # differs reserves its source bytes later.
-    largest = max((max(costs[n], _source_bytes(ctx, n)) for n in names), default=0)
+    costs: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    largest = 0
+    for n in names:
+        cost, source_bytes = _cost(art, ctx, n), _source_bytes(ctx, n)
+        costs[n] = cost
+        sizes[n] = art.tensors[n].nbytes + source_bytes
+        # Sized for the largest tensor whatever its admission cost: a block-compared tensor
+        # that differs reserves its source bytes later.
+        largest = max(largest, cost, source_bytes)
     budget = ByteBudget(inflight_budget(largest))
-    sizes = {n: art.tensors[n].nbytes + _source_bytes(ctx, n) for n in names}
-    stored_and_source_bytes = sizes.__getitem__
     work = _TensorWork(art, ctx, costs, budget, total, emit)
+    tasks = list(enumerate(batches(names, lambda n: max(costs[n], sizes[n]))))
 
-    def prefetch(name: str) -> None:
-        art.prefetch(name)
-        entry = _entry_of(ctx, name)
-        if ctx is not None and entry is not None:
-            ctx.source.prefetch(s.name for s in entry.sources)
+    def task_bytes(task: tuple[int, Batch[str]]) -> int:
+        return sum(sizes[n] for n in task[1].items)
 
-    # Cold reads (stored planes and source) of the tensors ahead overlap the re-encoding, as
+    def prefetch(task: tuple[int, Batch[str]]) -> None:
+        _prefetch(art, ctx, task[1].items)
+
+    # Cold reads (stored planes and source) of the tasks ahead overlap the re-encoding, as
     # convert does for its source; page cache only, so the window costs no process memory.
+    # The window counts tasks, not tensors: its bookkeeping is paid per batch.
     with worker_pool(
-        names,
+        tasks,
         jobs=jobs,
         thread_name="ninfer-verify",
-        key=str,
-        nbytes=stored_and_source_bytes,
+        key=lambda task: str(task[0]),
+        nbytes=task_bytes,
         prefetch=prefetch,
     ) as workers:
 
-        def work_batch(batch: Batch[str]) -> list[TensorOutcome]:
-            # One read-ahead top-up per batch: started() requests every tensor up to the last.
-            workers.started(batch)
-            return [work(n) for n in batch.items]
+        def work_batch(task: tuple[int, Batch[str]]) -> list[TensorOutcome]:
+            # One read-ahead top-up per batch: it requests every task up to this one.
+            workers.ahead.started(task[0])
+            return [work(n) for n in task[1].items]
 
-        tasks = batches(names, lambda n: max(costs[n], stored_and_source_bytes(n)))
         if jobs == 1 or total <= 1:
-            return [o for b in tasks for o in work_batch(b)]
+            return [o for t in tasks for o in work_batch(t)]
 
         # Bytes are admitted by the workers (``budget``: a tensor that differs reserves more
         # while it runs), so the submission window bounds the task count only.
-        def submit(batch: Batch[str]) -> Future[list[TensorOutcome]]:
-            return workers.pool.submit(work_batch, batch)
+        def submit(task: tuple[int, Batch[str]]) -> Future[list[TensorOutcome]]:
+            return workers.pool.submit(work_batch, task)
 
         window = bounded(tasks, submit, 0, _no_cost)
         # In stored order, whatever order the workers finish in.
         return [o for _, fut in window for o in fut.result()]
 
 
-def _no_cost(batch: Batch[str]) -> int:
+def _prefetch(art: Artifact, ctx: SourceContext | None, names: tuple[str, ...]) -> None:
+    """Request read-ahead of the stored planes and source bytes of a batch of tensors: what
+    :meth:`Artifact.prefetch` and :meth:`SourceCheckpoint.prefetch` request for each, with the
+    ranges of each file sorted and merged here (overlapping, or within one read-ahead piece of
+    each other) so a batch of tiny tensors costs a few requests, not two per tensor.  Sorted,
+    because the stored order need not be the source's: a batch of names in stored order reads
+    scattered source bytes, and merging only back-to-back ranges left one request per tensor."""
+    spans: dict[Path, list[tuple[int, int]]] = {}
+    paths: dict[str, Path] = {}
+    for name in names:
+        info = art.tensors[name]
+        planes = info.planes
+        if planes:
+            start = min(p.offset for p in planes) if len(planes) > 1 else planes[0].offset
+            end = max(p.offset + p.nbytes for p in planes)
+            spans.setdefault(info.file, []).append((start, end))
+        entry = ctx.entries.get(name) if ctx is not None else None
+        if entry is not None:
+            assert ctx is not None
+            source = ctx.source
+            for s in entry.sources:
+                t = source.tensors.get(s.name)
+                if t is not None and t.nbytes:
+                    path = paths.get(t.file)
+                    if path is None:
+                        path = paths[t.file] = source.file_path(t.file)
+                    spans.setdefault(path, []).append((t.offset, t.offset + t.nbytes))
+    for path, ranges in spans.items():
+        ranges.sort()
+        first, last = ranges[0]
+        for start, end in ranges[1:]:
+            if start <= last + CHUNK:
+                last = max(last, end)
+            else:
+                read_ahead(path, first, last - first)
+                first, last = start, end
+        read_ahead(path, first, last - first)
+
+
+def _no_cost(task: tuple[int, Batch[str]]) -> int:
     return 0
