@@ -1113,6 +1113,37 @@ static PyObject *screen_errors(PyObject *self, PyObject *args) {
     return PyLong_FromLong(chosen);
 }
 
+/* Test hook: screen_rule(f, scales, n, bmax) is screen_choice on given lane errors f (16
+ * finite float32 >= 0) and lane scales (16 binary16 words, finite and > 0) of a group of n
+ * values: the rule alone, so its margin can be held to the document's. */
+static PyObject *screen_rule(PyObject *self, PyObject *args) {
+    Py_buffer fb, sb;
+    Py_ssize_t n;
+    int bmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*ni", &fb, &sb, &n, &bmax)) return NULL;
+    const char *why = NULL;
+    float f[LANES], s32[LANES];
+    if (fb.len != 4 * LANES || sb.len != 2 * LANES || n < 1 || n > SCREEN_VALUES || bmax < 1 ||
+        bmax > 128)
+        why = "screen_rule: need 16 float32, 16 binary16 words, 1 <= n <= 1024, 1 <= bmax <= 128";
+    for (int l = 0; l < LANES && why == NULL; l++) {
+        uint16_t h;
+        memcpy(&f[l], (const unsigned char *)fb.buf + 4 * l, 4);
+        memcpy(&h, (const unsigned char *)sb.buf + 2 * l, 2);
+        if (!(f[l] >= 0.0f && f[l] <= FLT_MAX) || h == 0 || h >= F16_INF)
+            why = "screen_rule: errors must be finite and >= 0, scales finite and > 0";
+        else
+            s32[l] = (float)f16_to_f64(h);
+    }
+    PyBuffer_Release(&fb); PyBuffer_Release(&sb);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    return PyLong_FromLong(screen_choice(f, s32, n, (double)bmax));
+}
+
 /* Test hook: screen() is whether encode_rows runs the binary32 screen; screen(flag) sets it
  * (off: every group takes the binary64 search, the kernel before the screen).  Not for use
  * while another thread encodes. */
@@ -1223,6 +1254,7 @@ static PyMethodDef methods[] = {
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
     {"pruned_errors", pruned_errors, METH_VARARGS, "A group's lane errors after pruning (test hook)."},
     {"screen_errors", screen_errors, METH_VARARGS, "A group's binary32 screen (test hook)."},
+    {"screen_rule", screen_rule, METH_VARARGS, "The screen's choice rule alone (test hook)."},
     {"screen", screen, METH_VARARGS, "Whether encode_rows screens in binary32; sets it (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
     {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},

@@ -185,3 +185,39 @@ def test_screen_errors_checks_its_arguments() -> None:
         kernel.screen_errors(np.ones(1025, np.uint32), -8, 7, out)
     with pytest.raises(ValueError, match="qmin"):
         kernel.screen_errors(np.ones(64, np.uint32), 0, 7, out)
+
+
+def _f32_at_most(v: Fraction) -> np.float32:
+    """The largest float32 <= v (v >= 0)."""
+    f = np.float32(float(v))
+    while Fraction(float(f)) > v:
+        f = np.nextafter(f, np.float32(0))
+    return f
+
+
+@pytest.mark.parametrize("bmax", [8, 16, 32, 127])
+@pytest.mark.parametrize("n", [1, 32, 64, 1024])
+def test_the_rule_keeps_every_lane_within_the_documented_margin(bmax: int, n: int) -> None:
+    # A lane is ruled out only where F_j > eta + (F_min + eta) (1 + delta)(1 + gamma) /
+    # ((1 - delta)(1 - gamma)) (docs/encoder-profiles.md, "The binary32 screen"): at that bound
+    # a lane of another scale must survive (no choice, -1); at three times the margin it must
+    # not (the rule's own margin is about twice the bound's: room for its roundings).
+    delta = Fraction(16 * (bmax + 1) + 2 * (n + 3), 2**24)
+    gamma = Fraction(1, 2**40)
+    ratio = (1 + delta) * (1 + gamma) / ((1 - delta) * (1 - gamma))
+    a, b, c = 0x2000, 0x2001, 0x3C00  # three distinct scale words
+    for fmin in (0.0, 1e-30, 3e-7, 1.0, 12345.0):
+        f0 = Fraction(float(np.float32(fmin)))
+        edge = ETA + (f0 + ETA) * ratio
+        f = np.full(16, 1e30, np.float32)
+        s = np.full(16, c, np.uint16)
+        f[0], s[0] = np.float32(fmin), a
+        f[1], s[1] = _f32_at_most(edge), b
+        assert kernel.screen_rule(f, s, n, bmax) == -1, (fmin, float(edge))
+        f[1] = np.float32(float(f0 + 3 * (edge - f0) + ETA))
+        assert kernel.screen_rule(f, s, n, bmax) == 0, fmin
+        # Survivors of one scale: the first of them is chosen, not the smallest F.
+        f[1], s[1] = _f32_at_most(edge), a
+        assert kernel.screen_rule(f, s, n, bmax) == 0
+        f[0], f[1] = f[1], f[0]
+        assert kernel.screen_rule(f, s, n, bmax) == 0
