@@ -394,17 +394,26 @@ static const float MAGIC32 = 0x1.8p+23f; /* 12582912 */
 #endif
 /* Two accumulators per lane vector, even and odd values, added at the end: the bound holds for
  * any order of the binary32 additions, and two chains halve the wait on the adder. */
-#define SCREEN_STEP(VF, VJ, SMIN, ACC, I)                                                    \
+/* d = RN32(|x| - code * s) and acc = RN32(acc + RN32(d * d)); on AVX-512 (which has FMA)
+ * the first is one fused operation, the same value (code * s is exact), and the second
+ * RN32(acc + d * d), one rounding fewer: the screen's bound covers both. */
+#define SD_plain(VF, axv, c, sv) ((axv) - (c) * (sv))
+#define SACC_plain(VF, acc, d) ((acc) + (d) * (d))
+#if HAVE_SIMD
+#define SD_fused(VF, axv, c, sv) ((VF)_mm512_fnmadd_ps((__m512)(c), (__m512)(sv), (__m512)(axv)))
+#define SACC_fused(VF, acc, d) ((VF)_mm512_fmadd_ps((__m512)(d), (__m512)(d), (__m512)(acc)))
+#endif
+#define SCREEN_STEP(VF, VJ, SMIN, SD, SACC, ACC, I)                                          \
     {                                                                                        \
         const VF axv = ax[I] - zero; /* a splat (x - 0 is x) */                              \
         for (int v = 0; v < NV; v++) {                                                       \
             const VF y = axv * rv[v];                                                        \
             const VF c = (SMIN(VJ, VF, y, bq + (I)) + MAGIC32) - MAGIC32;                    \
-            const VF d = axv - c * sv[v];                                                    \
-            (ACC)[v] = (ACC)[v] + d * d;                                                     \
+            const VF d = SD(VF, axv, c, sv[v]);                                              \
+            (ACC)[v] = SACC(VF, (ACC)[v], d);                                                \
         }                                                                                    \
     }
-#define DEFINE_SCREEN(NAME, VF, VJ, W, SMIN, TARGET)                                         \
+#define DEFINE_SCREEN(NAME, VF, VJ, W, SMIN, SD, SACC, TARGET)                                         \
     TARGET static void NAME(const float *ax, const float *bq, Py_ssize_t n, const float *s,  \
                             const float *r, float *out) {                                    \
         enum { NV = LANES / (W) };                                                           \
@@ -417,19 +426,20 @@ static const float MAGIC32 = 0x1.8p+23f; /* 12582912 */
         }                                                                                    \
         Py_ssize_t i = 0;                                                                    \
         for (; i + 1 < n; i += 2) {                                                          \
-            SCREEN_STEP(VF, VJ, SMIN, acc[0], i)                                             \
-            SCREEN_STEP(VF, VJ, SMIN, acc[1], i + 1)                                         \
+            SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[0], i)                                         \
+            SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[1], i + 1)                                     \
         }                                                                                    \
-        if (i < n) { SCREEN_STEP(VF, VJ, SMIN, acc[0], i) }                                  \
+        if (i < n) { SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[0], i) }                              \
         for (int v = 0; v < NV; v++) {                                                       \
             const VF sum = acc[0][v] + acc[1][v];                                            \
             memcpy(out + v * (W), &sum, sizeof sum);                                         \
         }                                                                                    \
     }
-DEFINE_SCREEN(screen_sse2, vf4, vj4, 4, SMIN_sse2, )
+DEFINE_SCREEN(screen_sse2, vf4, vj4, 4, SMIN_sse2, SD_plain, SACC_plain, )
 #if HAVE_SIMD
-DEFINE_SCREEN(screen_avx2, vf8, vj8, 8, SMIN_avx2, TARGET_AVX2)
-DEFINE_SCREEN(screen_avx512, vf16, vj16, 16, SMIN_avx512, TARGET_AVX512)
+DEFINE_SCREEN(screen_avx2, vf8, vj8, 8, SMIN_avx2, SD_plain, SACC_plain, TARGET_AVX2)
+DEFINE_SCREEN(screen_avx512, vf16, vj16, 16, SMIN_avx512, SD_fused, SACC_fused,  \
+              TARGET_AVX512)
 #endif
 
 enum { PATH_SSE2, PATH_AVX2, PATH_AVX512 };
