@@ -92,8 +92,10 @@
  * 2^(ex + 24), |x| < 2^9 s < 2^(es + 20).  So y lies on the same side of every such h as
  * x / s, and clamp-then-round-half-even gives the document's code, except where x / s is a
  * half-integer exactly: then y may round to the other neighbour, but both neighbours leave
- * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The codes that are
- * stored come from the final pass of encode_group, with the true division.  (Multiplying and
+ * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The stored codes
+ * (group_codes) come from the same product, and a vector with a value where |x - code * s| =
+ * s / 2 exactly (x / s a half-integer; d is exact, docs/encoder-profiles.md) is redone with
+ * the true division, so they are clamp(round_half_even(x / s)) bit for bit.  (Multiplying and
  * correcting every code to the right neighbour was measured slower than the division: the
  * correction is what cost.)  Replacing the division by a binary32 division was exact too and
  * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
@@ -113,6 +115,16 @@
  * as safe here, all six indices being above 0..7, but the rule is written for any order; the
  * tests hold it to the strict form.)  Below PRUNE_QMAX the bound never removed a candidate on
  * Gaussian groups, so the one search of 16 lanes stays.
+ *
+ * The binary32 screen (unweighted, qmax < PRUNE_QMAX, groups of at most SCREEN_VALUES values;
+ * docs/encoder-profiles.md "The binary32 screen" has the proof): every lane's error F is first
+ * computed in binary32, 16 lanes to an AVX-512 vector (screen_*; binary32 FMA on AVX-512, the
+ * one place the module uses FMA); F is within a relative delta = (16 (bmax + 1) + 2 (n + 3))
+ * 2^-24 and an absolute 2^-100 of the exact error, and the binary64 error within 2^-40 of it,
+ * so every lane with F above (min F + eta) K + eta has a binary64 error strictly above the
+ * smallest (screen_choice).  Where the remaining lanes all have one scale, the first of them is
+ * the profile's choice and the binary64 search is skipped; else the group is searched as
+ * usual.  Nothing the screen computes is stored.
  *
  * Duplicate candidate words are evaluated anyway (their lanes are free in the vector) and lose
  * the tie to the earlier index, as the document's choice rule says.
@@ -413,7 +425,7 @@ static const float MAGIC32 = 0x1.8p+23f; /* 12582912 */
             (ACC)[v] = SACC(VF, (ACC)[v], d);                                                \
         }                                                                                    \
     }
-#define DEFINE_SCREEN(NAME, VF, VJ, W, SMIN, SD, SACC, TARGET)                                         \
+#define DEFINE_SCREEN(NAME, VF, VJ, W, SMIN, SD, SACC, TARGET)                           \
     TARGET static void NAME(const float *ax, const float *bq, Py_ssize_t n, const float *s,  \
                             const float *r, float *out) {                                    \
         enum { NV = LANES / (W) };                                                           \
@@ -1265,7 +1277,7 @@ static PyMethodDef methods[] = {
     {"pruned_errors", pruned_errors, METH_VARARGS, "A group's lane errors after pruning (test hook)."},
     {"screen_errors", screen_errors, METH_VARARGS, "A group's binary32 screen (test hook)."},
     {"screen_rule", screen_rule, METH_VARARGS, "The screen's choice rule alone (test hook)."},
-    {"screen", screen, METH_VARARGS, "Whether encode_rows screens in binary32; sets it (test hook)."},
+    {"screen", screen, METH_VARARGS, "Whether encode_rows screens; sets it (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
     {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},
     {NULL, NULL, 0, NULL},
