@@ -93,11 +93,12 @@
  * x / s, and clamp-then-round-half-even gives the document's code, except where x / s is a
  * half-integer exactly: then y may round to the other neighbour, but both neighbours leave
  * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The stored codes
- * (group_codes) come from the same product, and a vector with a value where |x - code * s| =
- * s / 2 exactly (x / s a half-integer; d is exact, docs/encoder-profiles.md) is redone with
- * the true division, so they are clamp(round_half_even(x / s)) bit for bit.  (Multiplying and
- * correcting every code to the right neighbour was measured slower than the division: the
- * correction is what cost.)  Replacing the division by a binary32 division was exact too and
+ * (group_codes; qmax < PRUNE_QMAX, W8 divides, measured faster) come from the same product,
+ * and a vector with a value where |x - code * s| = s / 2 exactly (x / s a half-integer; d is
+ * exact, docs/encoder-profiles.md) is redone with the true division, so they are
+ * clamp(round_half_even(x / s)) bit for bit.  (Multiplying and correcting every code to the
+ * right neighbour was measured slower than the division, on AMD Zen 4: the correction is what
+ * cost; the check for an exact tie costs less than the division on this session's Intel Xeon.)  Replacing the division by a binary32 division was exact too and
  * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
  * back to binary64 costs more than the cheaper division saves).
  *
@@ -336,10 +337,15 @@ static const int64_t MAG64 = 0x7FFFFFFFFFFFFFFF;
         for (; i + (W) <= n; i += (W)) {                                                     \
             VD xv;                                                                           \
             memcpy(&xv, x + i, sizeof xv);                                                   \
-            VD c = CODE(xv * rv, lov, hiv);                                                  \
-            const VD d = xv - c * sv; /* exact (the header) */                               \
-            const VI tie = ((VI)d & mag) == half;                                            \
-            if (ANY(tie)) c = CODE(xv / sv, lov, hiv);                                       \
+            VD c;                                                                            \
+            if (rb != 0.0) {                                                                 \
+                c = CODE(xv * rv, lov, hiv);                                                 \
+                const VD d = xv - c * sv; /* exact (the header) */                           \
+                const VI tie = ((VI)d & mag) == half;                                        \
+                if (ANY(tie)) c = CODE(xv / sv, lov, hiv);                                   \
+            } else {                                                                         \
+                c = CODE(xv / sv, lov, hiv);                                                 \
+            }                                                                                \
             STORE(codes + i, c);                                                             \
         }                                                                                    \
         for (; i < n; i++) {                                                                 \
@@ -680,6 +686,11 @@ INLINE int screen_choice(const float *f, const float *s32, Py_ssize_t n, double 
     return first;
 }
 
+/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
+ * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
+ * it removed none (Q4..Q6) and the split search only costs. */
+#define PRUNE_QMAX 64
+
 /* The choice among a searched group's candidates (all LANES errors). */
 INLINE int search_choice(const double *e) {
     /* The smallest error among the candidates, and the first index that has it (the document's
@@ -708,7 +719,7 @@ INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, in
                          int qmin, int qmax, uint16_t *scale_out, int8_t *codes, double *st) {
     const int best = chosen >= 0 ? chosen : search_choice(cd->err);
     const double sb = cd->s[best];
-    codes_for(x, n, sb, cd->r[best], (double)qmin, (double)qmax, codes);
+    codes_for(x, n, sb, qmax >= PRUNE_QMAX ? 0.0 : cd->r[best], (double)qmin, (double)qmax, codes);
     if (st != NULL) { /* verify's statistics: e = x - s * q is exact (see the contract) */
         double mx = st[0], se = st[1], sx = st[2];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -725,10 +736,6 @@ INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, in
 /* Groups handled together by encode_block's three phases (where a group has at most
  * CHUNK_VALUES values; one at a time above). */
 #define CHUNK 8
-/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
- * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
- * it removed none (Q4..Q6) and the split search only costs. */
-#define PRUNE_QMAX 64
 #define CHUNK_VALUES 1024
 
 /* The whole block, without the GIL.  xd: 4 * chunk * min(group, k) doubles of scratch; wd: k
@@ -798,8 +805,17 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                         *bad_row = r;
                         return 1;
                     }
-                    if (source == 0) { /* widened and split (split_values32) in one pass */
+                    if (source == 0 && screen) { /* widened and split (split_values32) */
                         widen_bf16(p + a, b - a, flo, fhi, x, ax32 + j * gs, bq32 + j * gs);
+                        amax_bits = m << 16;
+                    } else if (source == 0) { /* widened and split (split_values) */
+                        double *const ax = axd + j * gs, *const bq = bqd + j * gs;
+                        for (Py_ssize_t i = a; i < b; i++) {
+                            const double v = (double)f32_from_bits((uint32_t)p[i] << 16);
+                            x[i - a] = v;
+                            ax[i - a] = fabs(v);
+                            bq[i - a] = v < 0 ? -lo : hi;
+                        }
                         amax_bits = m << 16;
                     } else {
                         for (Py_ssize_t i = a; i < b; i++) x[i - a] = f16w_to_f64(p[i]);
@@ -827,7 +843,10 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                         memcpy(&memo->c[slot], &cd[j], CANDIDATE_BYTES);
                     }
                 }
-                if (source != 0) split_values32(x, b - a, qmin, qmax, ax32 + j * gs, bq32 + j * gs);
+                if (source != 0 && screen)
+                    split_values32(x, b - a, qmin, qmax, ax32 + j * gs, bq32 + j * gs);
+                else if (source != 0)
+                    split_values(x, b - a, lo, hi, axd + j * gs, bqd + j * gs);
                 amaxd[j] = (double)f32_from_bits(amax_bits);
                 live[j] = 1;
             }
@@ -841,8 +860,9 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                     chosen[j] = screen_choice(f, cd[j].s32, b - a, bmax);
                     if (chosen[j] >= 0) continue;
                 }
-                /* The binary64 search, on |x| and the bounds in binary64. */
-                split_values(xd + j * gs, b - a, lo, hi, axd + j * gs, bqd + j * gs);
+                /* The binary64 search, on |x| and the bounds in binary64 (split in phase 1
+                 * where there is no screen, which decides most groups without them). */
+                if (screen) split_values(xd + j * gs, b - a, lo, hi, axd + j * gs, bqd + j * gs);
                 if (prune)
                     errors_pruned(axd + j * gs, bqd + j * gs, b - a, cd[j].s, cd[j].r,
                                   amaxd[j], bmax, cd[j].err);
