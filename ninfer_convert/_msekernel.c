@@ -99,8 +99,9 @@
  * clamp(round_half_even(x / s)) bit for bit.  (Multiplying and correcting every code to the
  * right neighbour was measured slower than the division, on AMD Zen 4: the correction is what
  * cost; the check for an exact tie costs less than the division on Intel Sapphire Rapids.)
- * Replacing the division by a binary32 division was exact too and slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
- * back to binary64 costs more than the cheaper division saves).
+ * Replacing the division by a binary32 division was exact too and slower (79 against 102 M
+ * values/s), so was an 8-lane binary32 one (the widening of the codes back to binary64 costs
+ * more than the cheaper division saves).
  *
  * Exact pruning (errors_pruned; unweighted, formats with qmax >= PRUNE_QMAX, i.e. W8): lanes
  * 0..7 (candidates 0..7) are searched first, over the whole group; their smallest error B is a
