@@ -325,6 +325,7 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
  * tail one value at a time with the division.  |d| = sb / 2 is compared on the bits (both are
  * finite and non-negative, so equal values have equal bits). */
 static const int64_t MAG64 = 0x7FFFFFFFFFFFFFFF;
+static const double HALF = 0x1p-1; /* 0.5 */
 #define ANY_sse2(t) (((t)[0] | (t)[1] | (t)[2] | (t)[3]) != 0)
 #define ANY_avx2(t) (_mm256_movemask_pd((__m256d)(t)) != 0)
 #define ANY_avx512(t) (_mm512_test_epi64_mask((__m512i)(t), (__m512i)(t)) != 0)
@@ -333,7 +334,7 @@ static const int64_t MAG64 = 0x7FFFFFFFFFFFFFFF;
                             double hi, int8_t *codes) {                                      \
         const VD zero = {0};                                                                 \
         const VD lov = zero + lo, hiv = zero + hi, sv = zero + sb, rv = zero + rb;           \
-        const VI half = (VI)(zero + 0.5 * sb), mag = (VI){0} + MAG64; /* sb / 2: exact */    \
+        const VI half = (VI)(zero + sb * HALF), mag = (VI){0} + MAG64; /* sb / 2: exact */  \
         Py_ssize_t i = 0;                                                                    \
         for (; i + (W) <= n; i += (W)) {                                                     \
             VD xv;                                                                           \
@@ -665,8 +666,10 @@ INLINE int screen_choice(const float *f, const float *s32, Py_ssize_t n, double 
     /* delta = (16 (bmax + 1) + 2 (n + 3)) 2^-24 bounds the screen's relative error, and
      * K = 1 + 4 delta + 2^-30 the ratio (1 + delta)(1 + gamma) / ((1 - delta)(1 - gamma)) of
      * the bounds, gamma <= 2^-40 the binary64 sum's, with room for T's own roundings. */
-    const double delta = (16.0 * (bmax + 1.0) + 2.0 * ((double)n + 3.0)) * 0x1p-24;
-    const double kk = 1.0 + 4.0 * delta + 0x1p-30;
+    const double u = 0x1p-24;         /* 5.9604644775390625e-08 */
+    const double slack = 0x1p-30;     /* 9.313225746154785e-10 */
+    const double delta = (16.0 * (bmax + 1.0) + 2.0 * ((double)n + 3.0)) * u;
+    const double kk = 1.0 + 4.0 * delta + slack;
     /* The smallest F by a tree of minima (the minimum does not depend on the order). */
     vf8 h[2];
     memcpy(h, f, sizeof h);
