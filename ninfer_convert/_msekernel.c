@@ -92,12 +92,16 @@
  * 2^(ex + 24), |x| < 2^9 s < 2^(es + 20).  So y lies on the same side of every such h as
  * x / s, and clamp-then-round-half-even gives the document's code, except where x / s is a
  * half-integer exactly: then y may round to the other neighbour, but both neighbours leave
- * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The codes that are
- * stored come from the final pass of encode_group, with the true division.  (Multiplying and
- * correcting every code to the right neighbour was measured slower than the division: the
- * correction is what cost.)  Replacing the division by a binary32 division was exact too and
- * slower (79 against 102 M values/s), so was an 8-lane binary32 one (the widening of the codes
- * back to binary64 costs more than the cheaper division saves).
+ * |x - s * code| = s / 2, so d * d, and every sum after it, is the same.  The stored codes
+ * (group_codes; qmax < PRUNE_QMAX, W8 divides, measured faster) come from the same product,
+ * and a vector with a value where |x - code * s| = s / 2 exactly (x / s a half-integer; d is
+ * exact, docs/encoder-profiles.md) is redone with the true division, so they are
+ * clamp(round_half_even(x / s)) bit for bit.  (Multiplying and correcting every code to the
+ * right neighbour was measured slower than the division, on AMD Zen 4: the correction is what
+ * cost; the check for an exact tie costs less than the division on Intel Sapphire Rapids.)
+ * Replacing the division by a binary32 division was exact too and slower (79 against 102 M
+ * values/s), so was an 8-lane binary32 one (the widening of the codes back to binary64 costs
+ * more than the cheaper division saves).
  *
  * Exact pruning (errors_pruned; unweighted, formats with qmax >= PRUNE_QMAX, i.e. W8): lanes
  * 0..7 (candidates 0..7) are searched first, over the whole group; their smallest error B is a
@@ -113,6 +117,16 @@
  * as safe here, all six indices being above 0..7, but the rule is written for any order; the
  * tests hold it to the strict form.)  Below PRUNE_QMAX the bound never removed a candidate on
  * Gaussian groups, so the one search of 16 lanes stays.
+ *
+ * The binary32 screen (unweighted, qmax < PRUNE_QMAX, groups of at most SCREEN_VALUES values;
+ * docs/encoder-profiles.md "The binary32 screen" has the proof): every lane's error F is first
+ * computed in binary32, 16 lanes to an AVX-512 vector (screen_*; binary32 FMA on AVX-512, the
+ * one place the module uses FMA); F is within a relative delta = (16 (bmax + 1) + 2 (n + 3))
+ * 2^-24 and an absolute 2^-100 of the exact error, and the binary64 error within 2^-40 of it,
+ * so every lane with F above (min F + eta) K + eta has a binary64 error strictly above the
+ * smallest (screen_choice).  Where the remaining lanes all have one scale, the first of them is
+ * the profile's choice and the binary64 search is skipped; else the group is searched as
+ * usual.  Nothing the screen computes is stored.
  *
  * Duplicate candidate words are evaluated anyway (their lanes are free in the vector) and lose
  * the tie to the earlier index, as the document's choice rule says.
@@ -304,18 +318,37 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
         for (int v = 0; v < NV; v++) memcpy(out + v * (W), &acc[v], sizeof acc[v]);         \
     }
 
-/* The stored codes of a group for its chosen scale sb: clamp(round_half_even(RN64(x / sb)))
- * with a true division (above), W values at a time, the tail one at a time. */
-#define DEFINE_GROUP_CODES(NAME, VD, W, CODE, STORE, TARGET)                                 \
-    TARGET static void NAME(const double *x, Py_ssize_t n, double sb, double lo, double hi,  \
-                            int8_t *codes) {                                                 \
+/* The stored codes of a group for its chosen scale sb: clamp(round_half_even(x / sb)), W values
+ * at a time from y = RN64(x * rb), rb = RN64(1 / sb), where that is exact (the header's "stored
+ * codes"): a vector with a lane where |x - code * sb| = sb / 2 (x / sb a half-integer, where y
+ * may have rounded to the odd neighbour) is redone with the true division RN64(x / sb); the
+ * tail one value at a time with the division.  |d| = sb / 2 is compared on the bits (both are
+ * finite and non-negative, so equal values have equal bits). */
+static const int64_t MAG64 = 0x7FFFFFFFFFFFFFFF;
+static const double HALF = 0x1p-1; /* 0.5 */
+#define ANY_sse2(t) (((t)[0] | (t)[1] | (t)[2] | (t)[3]) != 0)
+#define ANY_avx2(t) (_mm256_movemask_pd((__m256d)(t)) != 0)
+#define ANY_avx512(t) (_mm512_test_epi64_mask((__m512i)(t), (__m512i)(t)) != 0)
+#define DEFINE_GROUP_CODES(NAME, VD, VI, W, CODE, STORE, ANY, TARGET)                        \
+    TARGET static void NAME(const double *x, Py_ssize_t n, double sb, double rb, double lo,  \
+                            double hi, int8_t *codes) {                                      \
         const VD zero = {0};                                                                 \
-        const VD lov = zero + lo, hiv = zero + hi, sv = zero + sb;                           \
+        const VD lov = zero + lo, hiv = zero + hi, sv = zero + sb, rv = zero + rb;           \
+        const VI half = (VI)(zero + sb * HALF), mag = (VI){0} + MAG64; /* sb / 2: exact */  \
         Py_ssize_t i = 0;                                                                    \
         for (; i + (W) <= n; i += (W)) {                                                     \
             VD xv;                                                                           \
             memcpy(&xv, x + i, sizeof xv);                                                   \
-            STORE(codes + i, CODE(xv / sv, lov, hiv));                                       \
+            VD c;                                                                            \
+            if (rb != 0.0) {                                                                 \
+                c = CODE(xv * rv, lov, hiv);                                                 \
+                const VD d = xv - c * sv; /* exact (the header) */                           \
+                const VI tie = ((VI)d & mag) == half;                                        \
+                if (ANY(tie)) c = CODE(xv / sv, lov, hiv);                                   \
+            } else {                                                                         \
+                c = CODE(xv / sv, lov, hiv);                                                 \
+            }                                                                                \
+            STORE(codes + i, c);                                                             \
         }                                                                                    \
         for (; i < n; i++) {                                                                 \
             double y = x[i] / sb;                                                            \
@@ -326,7 +359,7 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
     }
 
 /* Per path: the unweighted and the weighted search, and the codes of the chosen scale. */
-#define DEFINE_PATH(SUFFIX, VD, W, TARGET)                                                   \
+#define DEFINE_PATH(SUFFIX, VD, VI, W, TARGET)                                                 \
     DEFINE_LANE_ERRORS_IMPL(lane_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES)   \
     DEFINE_LANE_ERRORS_IMPL(half_errors_impl_##SUFFIX, VD, W, mag_##SUFFIX, TARGET, LANES / 2) \
     TARGET static void half_errors_##SUFFIX(const double *ax, const double *bq, Py_ssize_t n, \
@@ -340,9 +373,10 @@ INLINE TARGET_AVX512 vd8 mag_avx512(vd8 y, const double *bp) {
         if (w == NULL) lane_errors_impl_##SUFFIX(ax, bq, NULL, n, s, r, out, 0);             \
         else lane_errors_impl_##SUFFIX(ax, bq, w, n, s, r, out, 1);                          \
     }                                                                                        \
-    DEFINE_GROUP_CODES(group_codes_##SUFFIX, VD, W, code_##SUFFIX, store_##SUFFIX, TARGET)
+    DEFINE_GROUP_CODES(group_codes_##SUFFIX, VD, VI, W, code_##SUFFIX, store_##SUFFIX,         \
+                       ANY_##SUFFIX, TARGET)
 
-DEFINE_PATH(sse2, vd4, 4, )
+DEFINE_PATH(sse2, vd4, vi4, 4, )
 
 #if HAVE_SIMD
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
@@ -353,13 +387,85 @@ DEFINE_PATH(sse2, vd4, 4, )
 #if HAVE_SIMD
 /* Compiled for these targets only, called only where PyInit found them (contraction stays
  * off, so the FMA units that x86-64-v4 brings are not used: the build test checks it). */
-DEFINE_PATH(avx2, vd4, 4, TARGET_AVX2)
-DEFINE_PATH(avx512, vd8, 8, TARGET_AVX512)
+DEFINE_PATH(avx2, vd4, vi4, 4, TARGET_AVX2)
+typedef int64_t vi8 __attribute__((vector_size(64)));
+DEFINE_PATH(avx512, vd8, vi8, 8, TARGET_AVX512)
+#endif
+
+/* The binary32 screen (errors_screened): every lane's approximate error F in binary32, W lanes
+ * to a vector, LANES / W vectors: y = RN32(|x| * r32), |code| = RNE(min(y, b)) by the
+ * 1.5 * 2^23 trick (exact for 0 <= y <= 128: y + 1.5 * 2^23 has a unit ulp, so the addition
+ * rounds to the integer, half to even, and the subtraction is exact), d = RN32(|x| - code * s)
+ * (code * s exact: 8 bits times 11), acc = RN32(acc + RN32(d * d)).  Its bound on |F - error|
+ * is in the header and in docs/encoder-profiles.md; nothing here needs to be exact. */
+typedef float vf4 __attribute__((vector_size(16)));
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vj4 __attribute__((vector_size(16)));
+typedef int32_t vj8 __attribute__((vector_size(32)));
+typedef int32_t vj16 __attribute__((vector_size(64)));
+static const float MAGIC32 = 0x1.8p+23f; /* 12582912 */
+/* The screen's |code| of y >= 0 under the bound *bp: min(y, b), then the trick; minps(y, b) is
+ * y < b ? y : b, as the baseline's select. */
+#define SMIN_sse2(VJ, VF, y, bp) SEL(VJ, VF, (y) < (*(bp) - (VF){0}), (y), (*(bp) - (VF){0}))
+#if HAVE_SIMD
+#define SMIN_avx2(VJ, VF, y, bp) ((VF)_mm256_min_ps((__m256)(y), _mm256_broadcast_ss(bp)))
+#define SMIN_avx512(VJ, VF, y, bp) ((VF)_mm512_min_ps((__m512)(y), _mm512_set1_ps(*(bp))))
+#endif
+/* Two accumulators per lane vector, even and odd values, added at the end: the bound holds for
+ * any order of the binary32 additions, and two chains halve the wait on the adder. */
+/* d = RN32(|x| - code * s) and acc = RN32(acc + RN32(d * d)); on AVX-512 (which has FMA)
+ * the first is one fused operation, the same value (code * s is exact), and the second
+ * RN32(acc + d * d), one rounding fewer: the screen's bound covers both. */
+#define SD_plain(VF, axv, c, sv) ((axv) - (c) * (sv))
+#define SACC_plain(VF, acc, d) ((acc) + (d) * (d))
+#if HAVE_SIMD
+#define SD_fused(VF, axv, c, sv) ((VF)_mm512_fnmadd_ps((__m512)(c), (__m512)(sv), (__m512)(axv)))
+#define SACC_fused(VF, acc, d) ((VF)_mm512_fmadd_ps((__m512)(d), (__m512)(d), (__m512)(acc)))
+#endif
+#define SCREEN_STEP(VF, VJ, SMIN, SD, SACC, ACC, I)                                          \
+    {                                                                                        \
+        const VF axv = ax[I] - zero; /* a splat (x - 0 is x) */                              \
+        for (int v = 0; v < NV; v++) {                                                       \
+            const VF y = axv * rv[v];                                                        \
+            const VF c = (SMIN(VJ, VF, y, bq + (I)) + MAGIC32) - MAGIC32;                    \
+            const VF d = SD(VF, axv, c, sv[v]);                                              \
+            (ACC)[v] = SACC(VF, (ACC)[v], d);                                                \
+        }                                                                                    \
+    }
+#define DEFINE_SCREEN(NAME, VF, VJ, W, SMIN, SD, SACC, TARGET)                           \
+    TARGET static void NAME(const float *ax, const float *bq, Py_ssize_t n, const float *s,  \
+                            const float *r, float *out) {                                    \
+        enum { NV = LANES / (W) };                                                           \
+        VF acc[2][NV], sv[NV], rv[NV];                                                       \
+        const VF zero = {0};                                                                 \
+        for (int v = 0; v < NV; v++) {                                                       \
+            memcpy(&sv[v], s + v * (W), sizeof sv[v]);                                       \
+            memcpy(&rv[v], r + v * (W), sizeof rv[v]);                                       \
+            acc[0][v] = acc[1][v] = zero;                                                    \
+        }                                                                                    \
+        Py_ssize_t i = 0;                                                                    \
+        for (; i + 1 < n; i += 2) {                                                          \
+            SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[0], i)                                         \
+            SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[1], i + 1)                                     \
+        }                                                                                    \
+        if (i < n) { SCREEN_STEP(VF, VJ, SMIN, SD, SACC, acc[0], i) }                              \
+        for (int v = 0; v < NV; v++) {                                                       \
+            const VF sum = acc[0][v] + acc[1][v];                                            \
+            memcpy(out + v * (W), &sum, sizeof sum);                                         \
+        }                                                                                    \
+    }
+DEFINE_SCREEN(screen_sse2, vf4, vj4, 4, SMIN_sse2, SD_plain, SACC_plain, )
+#if HAVE_SIMD
+DEFINE_SCREEN(screen_avx2, vf8, vj8, 8, SMIN_avx2, SD_plain, SACC_plain, TARGET_AVX2)
+DEFINE_SCREEN(screen_avx512, vf16, vj16, 16, SMIN_avx512, SD_fused, SACC_fused,  \
+              TARGET_AVX512)
 #endif
 
 enum { PATH_SSE2, PATH_AVX2, PATH_AVX512 };
 static const char *const PATH_NAMES[] = {"sse2", "avx2", "avx512"};
 static int path = PATH_SSE2; /* set once by PyInit, before any call */
+static int use_screen = 1;    /* the binary32 screen on (test hook screen(); not while encoding) */
 
 /* Whether this CPU can run path p. */
 static int path_available(int p) {
@@ -387,6 +493,15 @@ static void half_errors_for(const double *ax, const double *bq, Py_ssize_t n, co
     if (path == PATH_AVX2) { half_errors_avx2(ax, bq, n, s, r, out); return; }
 #endif
     half_errors_sse2(ax, bq, n, s, r, out);
+}
+
+static void screen_for(const float *ax, const float *bq, Py_ssize_t n, const float *s,
+                       const float *r, float *out) {
+#if HAVE_SIMD
+    if (path == PATH_AVX512) { screen_avx512(ax, bq, n, s, r, out); return; }
+    if (path == PATH_AVX2) { screen_avx2(ax, bq, n, s, r, out); return; }
+#endif
+    screen_sse2(ax, bq, n, s, r, out);
 }
 
 /* The unweighted search with the exact pruning of PRUNE_QMAX below: lanes 0..7 (candidates
@@ -420,13 +535,34 @@ static inline void split_values(const double *x, Py_ssize_t n, double lo, double
     }
 }
 
-static void codes_for(const double *x, Py_ssize_t n, double sb, double lo, double hi,
+/* The same for the binary32 screen: |x[i]| (exact: x[i] is a binary32 value) and its bound. */
+static inline void split_values32(const double *x, Py_ssize_t n, int qmin, int qmax, float *ax,
+                                  float *bq) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ax[i] = (float)fabs(x[i]);
+        bq[i] = x[i] < 0 ? (float)-qmin : (float)qmax;
+    }
+}
+
+/* n BF16 words -> their binary64 values x (exact) and the screen's inputs (split_values32),
+ * in one pass; blo = -qmin and bhi = qmax as binary32. */
+static inline void widen_bf16(const uint16_t *restrict p, Py_ssize_t n, float blo, float bhi,
+                              double *restrict x, float *restrict ax, float *restrict bq) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = f32_from_bits((uint32_t)p[i] << 16);
+        x[i] = (double)v;
+        ax[i] = fabsf(v);
+        bq[i] = v < 0 ? blo : bhi;
+    }
+}
+
+static void codes_for(const double *x, Py_ssize_t n, double sb, double rb, double lo, double hi,
                       int8_t *codes) {
 #if HAVE_SIMD
-    if (path == PATH_AVX512) { group_codes_avx512(x, n, sb, lo, hi, codes); return; }
-    if (path == PATH_AVX2) { group_codes_avx2(x, n, sb, lo, hi, codes); return; }
+    if (path == PATH_AVX512) { group_codes_avx512(x, n, sb, rb, lo, hi, codes); return; }
+    if (path == PATH_AVX2) { group_codes_avx2(x, n, sb, rb, lo, hi, codes); return; }
 #endif
-    group_codes_sse2(x, n, sb, lo, hi, codes);
+    group_codes_sse2(x, n, sb, rb, lo, hi, codes);
 }
 
 typedef uint64_t vu4 __attribute__((vector_size(32)));
@@ -457,6 +593,7 @@ INLINE vd4 f16_to_f64_4(vu4 h) {
  * error equals lane 0's and, with a larger index, it loses every tie: it is never chosen. */
 typedef struct {
     double s[LANES], r[LANES];
+    float s32[LANES], r32[LANES]; /* the screen's: s exactly, RN32(1 / s) */
     uint16_t s16[LANES];
     double err[LANES]; /* last: CANDIDATE_BYTES are the fields that depend on amax only */
 } candidates;
@@ -510,19 +647,61 @@ INLINE int group_candidates(float amaxf, int qmin, int qmax, candidates *cd, flo
         const vd4 rv = ((vd4){1.0, 1.0, 1.0, 1.0}) / sv; /* RN64(1 / s) */
         memcpy(cd->r + 4 * v, &rv, sizeof rv);
     }
+    for (int j = 0; j < LANES; j++) {
+        cd->s32[j] = (float)cd->s[j]; /* exact: a binary16 value */
+        cd->r32[j] = 1.0f / cd->s32[j]; /* RN32(1 / s) */
+    }
     return 0;
 }
 
-/* The choice among a searched group's candidates, its stored codes and scale word, and verify's
- * statistics (st, when not NULL). */
-INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, int qmin, int qmax,
-                         uint16_t *scale_out, int8_t *codes, double *st) {
+/* The exact choice from the binary32 screen, or -1 (the header's "binary32 screen"): with F the
+ * screen's lane errors of a group of n <= SCREEN_VALUES values and bmax = max(qmax, -qmin),
+ * every lane with F > T = (min F + ETA) * K + ETA has a binary64 error strictly above the
+ * smallest one, so the chosen candidate is among the others (the survivors); where they all
+ * have one scale (so one binary64 error, the smallest), it is the first of them.  Else -1:
+ * the binary64 search decides. */
+#define SCREEN_VALUES 1024
+#define SCREEN_ETA 0x1p-100 /* 7.888609052210118e-31: every underflow, even flushed, is below */
+INLINE int screen_choice(const float *f, const float *s32, Py_ssize_t n, double bmax) {
+    /* delta = (16 (bmax + 1) + 2 (n + 3)) 2^-24 bounds the screen's relative error, and
+     * K = 1 + 4 delta + 2^-30 the ratio (1 + delta)(1 + gamma) / ((1 - delta)(1 - gamma)) of
+     * the bounds, gamma <= 2^-40 the binary64 sum's, with room for T's own roundings. */
+    const double u = 0x1p-24;         /* 5.9604644775390625e-08 */
+    const double slack = 0x1p-30;     /* 9.313225746154785e-10 */
+    const double delta = (16.0 * (bmax + 1.0) + 2.0 * ((double)n + 3.0)) * u;
+    const double kk = 1.0 + 4.0 * delta + slack;
+    /* The smallest F by a tree of minima (the minimum does not depend on the order). */
+    vf8 h[2];
+    memcpy(h, f, sizeof h);
+    const vf8 m8 = SEL(vj8, vf8, h[0] < h[1], h[0], h[1]);
+    vf4 q[2];
+    memcpy(q, &m8, sizeof q);
+    const vf4 m4 = SEL(vj4, vf4, q[0] < q[1], q[0], q[1]);
+    const float ma = m4[0] < m4[1] ? m4[0] : m4[1], mb = m4[2] < m4[3] ? m4[2] : m4[3];
+    const double th = ((double)(ma < mb ? ma : mb) + SCREEN_ETA) * kk + SCREEN_ETA;
+    /* T as binary32, rounded up (th > 0): F <= T in binary32 exactly where F <= T. */
+    float thf = (float)th;
+    if ((double)thf < th) thf = f32_from_bits(bits_from_f32(thf) + 1u);
+    unsigned hits = 0;
+    for (int l = 0; l < LANES; l++) hits |= (unsigned)(f[l] <= thf) << l;
+    const int first = __builtin_ctz(hits); /* the smallest F is at most T */
+    for (unsigned rest = hits & (hits - 1); rest != 0; rest &= rest - 1)
+        if (s32[__builtin_ctz(rest)] != s32[first]) return -1;
+    return first;
+}
+
+/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
+ * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
+ * it removed none (Q4..Q6) and the split search only costs. */
+#define PRUNE_QMAX 64
+
+/* The choice among a searched group's candidates (all LANES errors). */
+INLINE int search_choice(const double *e) {
     /* The smallest error among the candidates, and the first index that has it (the document's
      * rule: a later candidate must be strictly smaller), by a tree of minima and a bit mask
      * instead of one long chain of compares: the minimum of a set does not depend on the order
      * it is taken in, and errors are never NaN.  The lanes that are no usable candidate have
      * lane 0's error (see `candidates`), so the first index never lands on one. */
-    const double *const e = cd->err;
     double m = e[0];
     {
         vd4 e4[4];
@@ -535,9 +714,16 @@ INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, in
     }
     unsigned hits = 0;
     for (int j = 0; j < LANES; j++) hits |= (unsigned)(e[j] == m) << j;
-    const int best = __builtin_ctz(hits); /* hits != 0: m is one of the errors */
+    return __builtin_ctz(hits); /* hits != 0: m is one of the errors */
+}
+
+/* A group's stored codes and scale word for its chosen candidate (the screen's, or -1 for
+ * the search's choice), and verify's statistics (st, when not NULL). */
+INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, int chosen,
+                         int qmin, int qmax, uint16_t *scale_out, int8_t *codes, double *st) {
+    const int best = chosen >= 0 ? chosen : search_choice(cd->err);
     const double sb = cd->s[best];
-    codes_for(x, n, sb, (double)qmin, (double)qmax, codes);
+    codes_for(x, n, sb, qmax >= PRUNE_QMAX ? 0.0 : cd->r[best], (double)qmin, (double)qmax, codes);
     if (st != NULL) { /* verify's statistics: e = x - s * q is exact (see the contract) */
         double mx = st[0], se = st[1], sx = st[2];
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -554,13 +740,9 @@ INLINE void finish_group(const double *x, Py_ssize_t n, const candidates *cd, in
 /* Groups handled together by encode_block's three phases (where a group has at most
  * CHUNK_VALUES values; one at a time above). */
 #define CHUNK 8
-/* The unweighted search prunes (errors_pruned) for formats with at least this qmax: there the
- * bound removes candidates 8..13 in every Gaussian group measured (W8G32_F16S), while below it
- * it removed none (Q4..Q6) and the split search only costs. */
-#define PRUNE_QMAX 64
 #define CHUNK_VALUES 1024
 
-/* The whole block, without the GIL.  xd: 3 * chunk * min(group, k) doubles of scratch; wd: k
+/* The whole block, without the GIL.  xd: 4 * chunk * min(group, k) doubles of scratch; wd: k
  * widened weights or NULL.  Returns 0, 1 (non-finite at bad_row, bad_col) or 2 (overflow at
  * bad_row, group bad_col, raw scale bad_raw).
  *
@@ -580,11 +762,14 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
     const uint32_t *w32 = (const uint32_t *)wbuf;
     const Py_ssize_t gs = group < k ? group : k; /* scratch values per group */
     double *const axd = xd + chunk * gs, *const bqd = axd + chunk * gs;
+    float *const ax32 = (float *)(void *)(bqd + chunk * gs), *const bq32 = ax32 + chunk * gs;
     const double lo = (double)qmin, hi = (double)qmax;
+    const float flo = (float)-qmin, fhi = (float)qmax;
     candidates cd[CHUNK];
-    int live[CHUNK];
+    int live[CHUNK], chosen[CHUNK];
     double amaxd[CHUNK];
     const int prune = wd == NULL && qmax >= PRUNE_QMAX;
+    const int screen = wd == NULL && !prune && use_screen; /* W8: the pruned search is cheaper */
     const double bmax = qmax > -qmin ? hi : -lo;
     for (Py_ssize_t r = 0; r < n; r++) {
         for (Py_ssize_t g0 = 0; g0 < groups; g0 += chunk) {
@@ -624,7 +809,10 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                         *bad_row = r;
                         return 1;
                     }
-                    if (source == 0) { /* widened and split (split_values) in one pass */
+                    if (source == 0 && screen) { /* widened and split (split_values32) */
+                        widen_bf16(p + a, b - a, flo, fhi, x, ax32 + j * gs, bq32 + j * gs);
+                        amax_bits = m << 16;
+                    } else if (source == 0) { /* widened and split (split_values) */
                         double *const ax = axd + j * gs, *const bq = bqd + j * gs;
                         for (Py_ssize_t i = a; i < b; i++) {
                             const double v = (double)f32_from_bits((uint32_t)p[i] << 16);
@@ -659,13 +847,26 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
                         memcpy(&memo->c[slot], &cd[j], CANDIDATE_BYTES);
                     }
                 }
-                if (source != 0) split_values(x, b - a, lo, hi, axd + j * gs, bqd + j * gs);
+                if (source != 0 && screen)
+                    split_values32(x, b - a, qmin, qmax, ax32 + j * gs, bq32 + j * gs);
+                else if (source != 0)
+                    split_values(x, b - a, lo, hi, axd + j * gs, bqd + j * gs);
                 amaxd[j] = (double)f32_from_bits(amax_bits);
                 live[j] = 1;
             }
             for (Py_ssize_t g = g0; g < g1; g++) { /* phase 2 */
                 const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
+                chosen[j] = -1;
                 if (!live[j]) continue;
+                if (screen && b - a <= SCREEN_VALUES) {
+                    float f[LANES];
+                    screen_for(ax32 + j * gs, bq32 + j * gs, b - a, cd[j].s32, cd[j].r32, f);
+                    chosen[j] = screen_choice(f, cd[j].s32, b - a, bmax);
+                    if (chosen[j] >= 0) continue;
+                }
+                /* The binary64 search, on |x| and the bounds in binary64 (split in phase 1
+                 * where there is no screen, which decides most groups without them). */
+                if (screen) split_values(xd + j * gs, b - a, lo, hi, axd + j * gs, bqd + j * gs);
                 if (prune)
                     errors_pruned(axd + j * gs, bqd + j * gs, b - a, cd[j].s, cd[j].r,
                                   amaxd[j], bmax, cd[j].err);
@@ -676,7 +877,8 @@ CLONES static int encode_block(const void *wbuf, int source, Py_ssize_t n, Py_ss
             for (Py_ssize_t g = g0; g < g1; g++) { /* phase 3 */
                 const Py_ssize_t j = g - g0, a = g * group, b = a + group < k ? a + group : k;
                 if (live[j])
-                    finish_group(xd + j * gs, b - a, &cd[j], qmin, qmax, &sc[r * groups + g],
+                    finish_group(xd + j * gs, b - a, &cd[j], chosen[j], qmin, qmax,
+                                 &sc[r * groups + g],
                                  out + r * k + a, st);
             }
         }
@@ -740,7 +942,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     const Py_ssize_t gs = group < k ? group : k;
     const int chunk = gs <= CHUNK_VALUES ? CHUNK : 1;
     if (why == NULL) {
-        xd = (double *)PyMem_Malloc((size_t)3 * (size_t)chunk * (size_t)gs * sizeof(double) +
+        xd = (double *)PyMem_Malloc((size_t)4 * (size_t)chunk * (size_t)gs * sizeof(double) +
                                     (source != 1 ? sizeof(candidate_memo) : 0));
         wd = have_w ? (double *)PyMem_Malloc((size_t)k * sizeof(double)) : NULL;
         if ((uintptr_t)words.buf % (uintptr_t)b.wsize != 0)
@@ -770,7 +972,7 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
     }
     candidate_memo *memo = NULL; /* BF16 and binary16 only (candidate_memo) */
     if (source != 1) {
-        memo = (candidate_memo *)(void *)(xd + (size_t)3 * (size_t)chunk * (size_t)gs);
+        memo = (candidate_memo *)(void *)(xd + (size_t)4 * (size_t)chunk * (size_t)gs);
         memset(memo->key, 0, sizeof memo->key);
     }
     int kind;
@@ -908,6 +1110,97 @@ static PyObject *pruned_errors(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *screen_errors(PyObject *self, PyObject *args) {
+    /* Test hook: the binary32 screen of one group (1 <= n <= SCREEN_VALUES finite binary32
+     * words, not all zero): its 16 lane errors F (float32, written to out) and its choice, the
+     * candidate index or -1 where the binary64 search must decide. */
+    Py_buffer x, out;
+    int qmin, qmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &x, &qmin, &qmax, &out)) return NULL;
+    const Py_ssize_t n = x.len / 4;
+    const char *why = NULL;
+    double *xd = NULL;
+    if (x.len % 4 || n < 1 || n > SCREEN_VALUES || out.len != 4 * LANES)
+        why = "screen_errors: need 1 to 1024 binary32 values and 16 float32 outputs";
+    else if (qmin < -128 || qmin >= 0 || qmax <= 0 || qmax > 127)
+        why = "screen_errors: need -128 <= qmin < 0 < qmax <= 127";
+    else if ((xd = (double *)PyMem_Malloc((size_t)2 * (size_t)n * sizeof(double))) == NULL) {
+        PyBuffer_Release(&x); PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    uint32_t m = 0;
+    for (Py_ssize_t i = 0; i < n && why == NULL; i++) {
+        uint32_t u;
+        memcpy(&u, (const unsigned char *)x.buf + 4 * i, 4);
+        if ((u & F32_EXP) == F32_EXP) why = "screen_errors: values must be finite";
+        xd[i] = (double)f32_from_bits(u);
+        m = (u & F32_MAG) > m ? (u & F32_MAG) : m;
+    }
+    candidates cd;
+    float raw = 0.0f, f[LANES];
+    int chosen = -1;
+    if (why == NULL && m == 0) why = "screen_errors: the group must not be all zero";
+    if (why == NULL && group_candidates(f32_from_bits(m), qmin, qmax, &cd, &raw))
+        why = "screen_errors: the canonical scale overflows binary16";
+    if (why == NULL) {
+        float *const ax = (float *)(void *)(xd + n), *const bq = ax + n;
+        split_values32(xd, n, qmin, qmax, ax, bq);
+        screen_for(ax, bq, n, cd.s32, cd.r32, f);
+        chosen = screen_choice(f, cd.s32, n, qmax > -qmin ? (double)qmax : (double)-qmin);
+        memcpy(out.buf, f, sizeof f);
+    }
+    PyMem_Free(xd);
+    PyBuffer_Release(&x); PyBuffer_Release(&out);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    return PyLong_FromLong(chosen);
+}
+
+/* Test hook: screen_rule(f, scales, n, bmax) is screen_choice on given lane errors f (16
+ * finite float32 >= 0) and lane scales (16 binary16 words, finite and > 0) of a group of n
+ * values: the rule alone, so its margin can be held to the document's. */
+static PyObject *screen_rule(PyObject *self, PyObject *args) {
+    Py_buffer fb, sb;
+    Py_ssize_t n;
+    int bmax;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*ni", &fb, &sb, &n, &bmax)) return NULL;
+    const char *why = NULL;
+    float f[LANES], s32[LANES];
+    if (fb.len != 4 * LANES || sb.len != 2 * LANES || n < 1 || n > SCREEN_VALUES || bmax < 1 ||
+        bmax > 128)
+        why = "screen_rule: need 16 float32, 16 binary16 words, 1 <= n <= 1024, 1 <= bmax <= 128";
+    for (int l = 0; l < LANES && why == NULL; l++) {
+        uint16_t h;
+        memcpy(&f[l], (const unsigned char *)fb.buf + 4 * l, 4);
+        memcpy(&h, (const unsigned char *)sb.buf + 2 * l, 2);
+        if (!(f[l] >= 0.0f && f[l] <= FLT_MAX) || h == 0 || h >= F16_INF)
+            why = "screen_rule: errors must be finite and >= 0, scales finite and > 0";
+        else
+            s32[l] = (float)f16_to_f64(h);
+    }
+    PyBuffer_Release(&fb); PyBuffer_Release(&sb);
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    return PyLong_FromLong(screen_choice(f, s32, n, (double)bmax));
+}
+
+/* Test hook: screen() is whether encode_rows runs the binary32 screen; screen(flag) sets it
+ * (off: every group takes the binary64 search, the kernel before the screen).  Not for use
+ * while another thread encodes. */
+static PyObject *screen(PyObject *self, PyObject *args) {
+    int flag = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|p", &flag)) return NULL;
+    if (flag >= 0) use_screen = flag;
+    return PyBool_FromLong(use_screen);
+}
+
 static PyObject *f64_to_f16_words(PyObject *self, PyObject *args) {
     /* Test hook: finite non-negative binary64 values -> binary16 words, the kernel's rounding:
      * the scalar f64_to_f16_rne (lanes 1) or the four-lane one of the candidates (lanes 4). */
@@ -1006,6 +1299,9 @@ static PyMethodDef methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS, "Encode a block of rows (see module docs)."},
     {"group_errors", group_errors, METH_VARARGS, "Errors of one group for given scales (test hook)."},
     {"pruned_errors", pruned_errors, METH_VARARGS, "A group's lane errors after pruning (test hook)."},
+    {"screen_errors", screen_errors, METH_VARARGS, "A group's binary32 screen (test hook)."},
+    {"screen_rule", screen_rule, METH_VARARGS, "The screen's choice rule alone (test hook)."},
+    {"screen", screen, METH_VARARGS, "Whether encode_rows screens; sets it (test hook)."},
     {"f64_to_f16_words", f64_to_f16_words, METH_VARARGS, "binary64 -> binary16 RNE (test hook)."},
     {"f16_to_f64_words", f16_to_f64_words, METH_VARARGS, "binary16 -> binary64 (test hook)."},
     {NULL, NULL, 0, NULL},

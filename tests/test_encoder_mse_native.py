@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -506,14 +507,25 @@ def test_kernel_refuses_to_build_without_ieee_arithmetic(flags: list[str]) -> No
 @native
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump")
 def test_built_kernel_contains_no_fused_multiply_add() -> None:
+    # Outside the binary32 screen (functions screen_*, whose results are bounded, not exact:
+    # docs/encoder-profiles.md "The binary32 screen"), no FMA at all; inside it, binary32 ones
+    # only (packed single, "ps"), where the C source asks for them.
     assert kernel is not None and kernel.__file__ is not None
     asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", kernel.__file__],
                          capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert "divpd" in asm  # the disassembly is real, and the vector loop is there
-    ops = {line.split()[1] for line in asm.splitlines() if line.startswith(" ") and "\t" in line
-           and len(line.split()) > 1}  # fmt: skip
-    fused = sorted(op for op in ops if op.startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub")))
-    assert fused == []
+    fused: list[tuple[str, str]] = []
+    func = ""
+    for line in asm.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if head:
+            func = head.group(1)
+        elif line.startswith(" ") and "\t" in line and len(line.split()) > 1:
+            op = line.split()[1]
+            if op.startswith(("vfmadd", "vfmsub", "vfnmadd", "vfnmsub")):
+                fused.append((func, op))
+    assert [(f, op) for f, op in fused if not (f.startswith("screen_") and op.endswith("ps"))] == []
+    assert any(f.startswith("screen_avx512") for f, _ in fused) or not fused
 
 
 # --- torch (float64), CPU and CUDA --------------------------------------------------------------
