@@ -283,6 +283,9 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
                 hint="pass the .safetensors file that ninfer calibrate --factors wrote",
             )
         self.path = str(path)
+        # Resolved now, in the driver's working directory: a shard task of convert --ray
+        # runs in another one, where a relative path would name another file (or none).
+        self._absolute = os.path.abspath(path)
         self._src = open_source(Path(path))
         for name, info in self._src.tensors.items():
             _check_factor_entry(name, info.dtype, info.shape, self.path)
@@ -290,7 +293,7 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
     def __reduce__(self) -> tuple[type[FactorFile], tuple[str]]:
         # By path (reopened, its header checked again): plan entries travel to the shard
         # tasks of convert --ray, whose FactorRef.words() then checks each factor's digest.
-        return (FactorFile, (self.path,))
+        return (FactorFile, (self._absolute,))
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """The entry's shape from the file's header (nothing of the entry is read)."""

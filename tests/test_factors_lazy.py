@@ -258,3 +258,22 @@ def test_plan_entries_pickle_with_references_not_words(tmp_path: Path) -> None:
     for before, after in zip(plan.entries, pickle.loads(data), strict=True):
         assert after.factor == before.factor and isinstance(after.factor.store, FactorFile)
         assert after.factor.words().tobytes() == before.factor.words().tobytes()
+
+
+def test_a_factor_file_named_by_a_relative_path_unpickles_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """convert --ray's shard tasks run in another working directory than the driver: a factor
+    file given as a relative path (``--factors fac.safetensors``) must travel as the path it
+    names, not as the relative text (which the task would resolve against its own directory)."""
+    import pickle
+
+    src, recipe, imp, fac = _inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    _, plan = plan_conversion(src, recipe, importance=imp, factors=Path(fac.name))
+    data = pickle.dumps(list(plan.entries))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for before, after in zip(plan.entries, pickle.loads(data), strict=True):
+        assert after.factor.words().tobytes() == before.factor.words().tobytes()
