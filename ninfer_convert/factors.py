@@ -395,9 +395,22 @@ def attach_calibration(
             hint="select encoder_profile: MSE_F16_SEARCH_IW_V1 in the rules it is for, or "
             "drop --importance",
         )
+    # Before attach_importance: a compensated tensor without a vector may take its rule's
+    # fallback_profile there, and then no longer needs a factor.
+    compensated = [e.output for e in plan.entries if needs_factor(e)]
     plan = attach_importance(plan, vectors, str(importance))
     factor_file = FactorFile(factors) if factors is not None else None
     if factor_file is not None and not any(needs_factor(e) for e in plan.entries):
+        if compensated:
+            raise UsageError(
+                f"a factor file was given but every tensor whose rule selects a compensated "
+                f"encoder profile took its rule's fallback_profile, since the importance file "
+                f"has a vector for none of these {len(compensated)} tensors (first: "
+                f"{compensated[0]}), so no factor is used",
+                path=str(factors),
+                hint="pass the importance file written with these factors (ninfer calibrate "
+                "... --factors), or drop --factors",
+            )
         raise UsageError(
             "a factor file was given but no recipe rule selects a compensated encoder profile",
             path=str(factors),
