@@ -277,3 +277,29 @@ def test_a_factor_file_named_by_a_relative_path_unpickles_from_another_directory
     monkeypatch.chdir(elsewhere)
     for before, after in zip(plan.entries, pickle.loads(data), strict=True):
         assert after.factor.words().tobytes() == before.factor.words().tobytes()
+
+
+def test_a_side_file_truncated_during_verify_is_a_finding_not_an_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The factor side file passes its digest check, then shrinks before its entries are read
+    one at a time: verify reports it (an integrity finding naming the side file), it does not
+    stop with the IntegrityError of the read."""
+    import os
+
+    from ninfer_convert.container.artifact import Artifact
+
+    src, recipe, imp, fac = _inputs(tmp_path)
+    out = tmp_path / "out"
+    convert_checkpoint(src, recipe, out, device="cpu", importance=imp, factors=fac)
+    check = Artifact.check_side_file
+
+    def check_then_truncate(self: Artifact, name: str) -> None:
+        check(self, name)
+        os.truncate(out / name, (out / name).stat().st_size - 5000)
+
+    monkeypatch.setattr(Artifact, "check_side_file", check_then_truncate)
+    report = verify_artifact(out, device="cpu", oracle_groups=0)
+    assert report.exit_code != 0
+    found = [(f.check, f.message) for f in report.findings]
+    assert any(c == "integrity" and "before its recorded" in m for c, m in found), found
