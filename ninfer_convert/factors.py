@@ -283,6 +283,9 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
                 hint="pass the .safetensors file that ninfer calibrate --factors wrote",
             )
         self.path = str(path)
+        # Resolved now, in the driver's working directory: a shard task of convert --ray
+        # runs in another one, where a relative path would name another file (or none).
+        self._absolute = os.path.abspath(path)
         self._src = open_source(Path(path))
         for name, info in self._src.tensors.items():
             _check_factor_entry(name, info.dtype, info.shape, self.path)
@@ -290,7 +293,7 @@ class FactorFile(Mapping[str, npt.NDArray[np.uint32]]):
     def __reduce__(self) -> tuple[type[FactorFile], tuple[str]]:
         # By path (reopened, its header checked again): plan entries travel to the shard
         # tasks of convert --ray, whose FactorRef.words() then checks each factor's digest.
-        return (FactorFile, (self.path,))
+        return (FactorFile, (self._absolute,))
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """The entry's shape from the file's header (nothing of the entry is read)."""
@@ -392,9 +395,22 @@ def attach_calibration(
             hint="select encoder_profile: MSE_F16_SEARCH_IW_V1 in the rules it is for, or "
             "drop --importance",
         )
+    # Before attach_importance: a compensated tensor without a vector may take its rule's
+    # fallback_profile there, and then no longer needs a factor.
+    compensated = [e.output for e in plan.entries if needs_factor(e)]
     plan = attach_importance(plan, vectors, str(importance))
     factor_file = FactorFile(factors) if factors is not None else None
     if factor_file is not None and not any(needs_factor(e) for e in plan.entries):
+        if compensated:
+            raise UsageError(
+                f"a factor file was given but every tensor whose rule selects a compensated "
+                f"encoder profile took its rule's fallback_profile, since the importance file "
+                f"has a vector for none of these {len(compensated)} tensors (first: "
+                f"{compensated[0]}), so no factor is used",
+                path=str(factors),
+                hint="pass the importance file written with these factors (ninfer calibrate "
+                "... --factors), or drop --factors",
+            )
         raise UsageError(
             "a factor file was given but no recipe rule selects a compensated encoder profile",
             path=str(factors),

@@ -258,3 +258,48 @@ def test_plan_entries_pickle_with_references_not_words(tmp_path: Path) -> None:
     for before, after in zip(plan.entries, pickle.loads(data), strict=True):
         assert after.factor == before.factor and isinstance(after.factor.store, FactorFile)
         assert after.factor.words().tobytes() == before.factor.words().tobytes()
+
+
+def test_a_factor_file_named_by_a_relative_path_unpickles_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """convert --ray's shard tasks run in another working directory than the driver: a factor
+    file given as a relative path (``--factors fac.safetensors``) must travel as the path it
+    names, not as the relative text (which the task would resolve against its own directory)."""
+    import pickle
+
+    src, recipe, imp, fac = _inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    _, plan = plan_conversion(src, recipe, importance=imp, factors=Path(fac.name))
+    data = pickle.dumps(list(plan.entries))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for before, after in zip(plan.entries, pickle.loads(data), strict=True):
+        assert after.factor.words().tobytes() == before.factor.words().tobytes()
+
+
+def test_a_side_file_truncated_during_verify_is_a_finding_not_an_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The factor side file passes its digest check, then shrinks before its entries are read
+    one at a time: verify reports it (an integrity finding naming the side file), it does not
+    stop with the IntegrityError of the read."""
+    import os
+
+    from ninfer_convert.container.artifact import Artifact
+
+    src, recipe, imp, fac = _inputs(tmp_path)
+    out = tmp_path / "out"
+    convert_checkpoint(src, recipe, out, device="cpu", importance=imp, factors=fac)
+    check = Artifact.check_side_file
+
+    def check_then_truncate(self: Artifact, name: str) -> None:
+        check(self, name)
+        os.truncate(out / name, (out / name).stat().st_size - 5000)
+
+    monkeypatch.setattr(Artifact, "check_side_file", check_then_truncate)
+    report = verify_artifact(out, device="cpu", oracle_groups=0)
+    assert report.exit_code != 0
+    found = [(f.check, f.message) for f in report.findings]
+    assert any(c == "integrity" and "before its recorded" in m for c, m in found), found

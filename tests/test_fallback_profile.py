@@ -139,3 +139,31 @@ def test_a_copy_rule_takes_no_fallback_profile() -> None:
     body = "- match: w\n  copy: x\n  format: BF16\n  role: r\n  fallback_profile: " + MSE + "\n"
     _recipe_obj, found = parse_recipe(RECIPE_HEAD + body)
     assert any("unknown key 'fallback_profile'" in p.message for p in found), found
+
+
+def test_a_factor_file_unused_because_every_compensated_tensor_fell_back_says_so(
+    tmp_path: Path,
+) -> None:
+    """A compensated rule with a fallback whose tensors have no vector all take the fallback,
+    so the factor file is used by none: refused, but not as "no recipe rule selects a
+    compensated encoder profile" (rule 2 does); the message names the fallback and a tensor."""
+    from ninfer_convert.errors import UsageError
+    from ninfer_convert.factors import write_factor_file
+
+    src, _ = _source(tmp_path)
+    recipe = tmp_path / "gptq-fb.yaml"
+    recipe.write_text(
+        RECIPE_HEAD + f"- match: a\n  format: Q4G64_F16S\n  encoder_profile: {IW}\n  role: r\n"
+        "  evidence: [e1]\n"
+        "- match: b\n  format: Q4G64_F16S\n  encoder_profile: GPTQ_F16_SEARCH_IW_V1\n"
+        f"  fallback_profile: {MSE}\n  role: r\n  evidence: [e1]\n"
+    )
+    imp, fac = tmp_path / "imp.safetensors", tmp_path / "fac.safetensors"
+    write_importance_file(imp, {"a": _vector()})  # none for b: b falls back
+    write_factor_file(fac, {"b": np.zeros((K, 256), np.uint32)})
+    with pytest.raises(UsageError) as exc:
+        convert_checkpoint(src, recipe, tmp_path / "out", device="cpu", jobs=1,
+                           importance=imp, factors=fac)  # fmt: skip
+    assert "no recipe rule selects" not in exc.value.message, exc.value.message
+    assert "fallback_profile" in exc.value.message and "(first: b)" in exc.value.message
+    assert exc.value.path == str(fac) and not (tmp_path / "out").exists()

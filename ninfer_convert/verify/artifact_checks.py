@@ -126,7 +126,11 @@ def _side_file_findings(
             out.append(problem(f"provenance.{key} is {digest} but the side file has no "
                                f"entry named {name!r}", name))  # fmt: skip
             continue
-        value = stored[name]  # one entry at a time (a factor is read here, then dropped)
+        try:  # one entry at a time (a factor is read here, then dropped)
+            value = stored[name]
+        except NinferError as exc:  # the side file changed since its digest was checked
+            out.append(problem(exc.message, name))
+            break
         got, width = digest_of(value), int(value.shape[-1])
         del value
         if got != digest:
