@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,3 +484,106 @@ def test_an_interned_value_is_checked_by_every_spec_that_reads_it(text: str) -> 
     raw = canonical_json({"a": text, "b": text})
     accepted = check(raw, _InternedPair, 2)
     assert (accepted is not None) == (text == DIGEST)
+
+
+@pytest.mark.parametrize(
+    ("what", "member"),
+    [
+        ("StrMap", '"a.w":{"digest":"' + DIGEST + '","dtype":"BF16","shape":[1,70]}'),
+        ("object", '"kind":"repo"'),
+        ("object", '"shard":{"count":3,"index":2}'),
+        ("config", '"nested":{"k":{"k":[[]]}}'),
+        ("nested config", '"k":[[]]'),
+    ],
+)
+def test_a_repeated_key_in_any_object_is_the_reference_refusal(what: str, member: str) -> None:
+    # The repeated member is valid in itself, so only the repetition can decline it (a map
+    # that kept the last value passed the other tests).
+    text = _canon()
+    assert member in text, what
+    escaped = '"\\u00' + f"{ord(member[1]):02x}" + member[2:]
+    for copy_of in (member, escaped):
+        raw = text.replace(member, copy_of + "," + member, 1).encode("utf-8")
+        assert check(raw) is None, what
+        with pytest.raises(ArtifactError, match="repeats the JSON key"):
+            parse_typed(Header, raw, "header", WHERE, HEADER_DEPTH)
+    index = canonical_json(INDEX).decode("ascii")
+    member = '"a":"model-00001-of-00002.ninfer"'
+    raw = index.replace(member, member + "," + member, 1).encode("ascii")
+    assert check(raw, IndexFile, INDEX_DEPTH) is None
+
+
+@pytest.mark.parametrize("byte", [*range(0x20), 0x20, 0x7F])
+def test_a_raw_control_byte_in_any_string_is_the_reference_answer(byte: int) -> None:
+    # JSON refuses U+0000-U+001F unescaped in a string (all of them, up to 0x1f); 0x20 and
+    # 0x7f are text.
+    c = chr(byte)
+    text = _canon()
+    for old, new in [
+        ('"x"', f'"x{c}"'),  # config value
+        ('"nested":', f'"nes{c}ted":'),  # config key
+        ('"name":"r"', f'"name":"r{c}"'),  # a typed string
+        ('"role":"weight"', f'"role":"weight{c}"'),  # an interned one
+        ('"a.w":{', f'"a.w{c}":{{'),  # a map key
+    ]:
+        assert old in text
+        accepted = check(text.replace(old, new, 1).encode("utf-8"))
+        assert (accepted is not None) == (byte >= 0x20), (old, byte)
+
+
+@pytest.mark.parametrize("n", [31, 33, 64])
+def test_a_hex_field_of_another_length_is_the_reference_answer(n: int) -> None:
+    # A plane digest and an importance digest (32 hex digits), and the commit (40).
+    text = _canon()
+    hexes = "0123456789abcdef" * 5
+    for old, new in [
+        (f'{{"digest":"{DIGEST}","name":"codes"', f'{{"digest":"{hexes[:n]}","name":"codes"'),
+        (f'"importance":"{DIGEST}"', f'"importance":"{hexes[:n]}"'),
+        ('"commit":"' + "a" * 40 + '"', '"commit":"' + "a" * (n + 8) + '"'),
+    ]:
+        assert old in text
+        assert check(text.replace(old, new, 1).encode("utf-8")) is None, (old, n)
+
+
+def _byte_mutations(raw: bytes, rng: random.Random) -> bytes:
+    b = bytearray(raw)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(b) + 1)
+        kind = rng.randrange(4)
+        if kind == 0 and at < len(b):
+            b[at] = rng.choice(b'"\\{}[],:0123456789-+.eEtfnul \x1f\x00\xc3\xff')
+        elif kind == 1:
+            b[at:at] = rng.choice(_BYTE_TOKENS)
+        elif kind == 2:
+            del b[at : at + rng.randint(1, 8)]
+        else:
+            b[at:at] = b[at : at + rng.randint(1, 40)]  # a repeated span: keys, values
+    return bytes(b)
+
+
+_BYTE_TOKENS = [
+    b'"', b"\\", b"\\u", b"\\ud800", b"\\udc00", b"\\ud83d\\ude00", b"\\u0000", b"\\/", b"\\x",
+    b"{", b"}", b"[", b"]", b",", b":", b"-0", b"1e999", b"9223372036854775808", b"01", b"1.",
+    b"true", b"null", b"nul", b"\xc3\xa9", b"\xed\xa0\x80", b'"a"', b'""', b"4.9e-324",
+]  # fmt: skip
+
+
+def test_byte_mutations_and_truncations_give_the_reference_answer() -> None:
+    # Every prefix of a header and of an index (each escape and number cut at the end of the
+    # buffer), then 1,500 random byte edits of a golden header, the rich one and its
+    # ASCII-escaped spelling, all against the reference.
+    rich, index = canonical_json(HEADER), canonical_json(INDEX)
+    for i in range(len(rich)):
+        check(rich[:i])
+    for i in range(len(index)):
+        check(index[:i], IndexFile, INDEX_DEPTH)
+    golden = GOLDEN[0].read_bytes()
+    h_off, h_len = PRELUDE.unpack(golden[:PRELUDE_SIZE])[4:6]
+    bases = [rich, json.dumps(HEADER).encode("ascii"), golden[h_off : h_off + h_len]]
+    rng = random.Random(12)
+    accepted = 0
+    for _ in range(1500):
+        accepted += check(_byte_mutations(rng.choice(bases), rng)) is not None
+    for _ in range(300):
+        check(_byte_mutations(index, rng), IndexFile, INDEX_DEPTH)
+    assert accepted > 0  # some edits (whitespace, a repeated digit) keep a valid header
