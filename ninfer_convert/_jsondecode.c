@@ -18,8 +18,10 @@
  *
  * Memory safety against hostile bytes: every read is bounded by the end of `raw`; recursion
  * follows the plan (finite) and, inside free-form JSON, stops at `json_depth`.  A failing
- * allocation or a plan that is not well formed raises (MemoryError, TypeError); nothing else
- * raises.
+ * allocation or a plan that is not well formed raises (MemoryError, TypeError), and so does
+ * whatever a Python callback it makes raises (a class constructor, a pattern match, a signal
+ * handler run inside one: KeyboardInterrupt); every such exception propagates with the
+ * references taken so far released.  Nothing else raises.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
