@@ -105,3 +105,19 @@ def test_equal_fixed_values_of_other_types_are_not_confused() -> None:
         templates.encode(_entry("d", [256], ["v"], (4, 2), first))
         for e in (b, c):
             assert templates.encode(e) == canonical_json(e.to_json()), (first, later, e)
+
+
+def test_equal_fixed_strings_and_numbers_of_other_types_are_not_confused() -> None:
+    # A fixed field of a str-typed slot holding an equal number of another type.
+    for first, later in [(1, True), (0, 0.0), (2, 2.0)]:
+        templates = EntryTemplates()
+        a = _entry("a", [64], ["s"], (4, 2), 3)
+        b = _entry("b", [64], ["s"], (4, 2), 3)
+        a = TensorEntry(
+            a.name, a.format, a.layout, a.shape, a.physical, a.planes, first, a.provenance
+        )  # type: ignore[arg-type]
+        b = TensorEntry(
+            b.name, b.format, b.layout, b.shape, b.physical, b.planes, later, b.provenance
+        )  # type: ignore[arg-type]
+        templates.encode(a)
+        assert templates.encode(b) == canonical_json(b.to_json()), (first, later)

@@ -8,10 +8,11 @@ template: that entry's canonical JSON with a marker in place of each varying val
 the markers.  An entry is then the template's pieces joined with its own name, offsets and
 source names encoded as ``json.dumps`` encodes them (a key's place in the sorted object does
 not depend on its value, and arrays keep their order).  Any doubt falls back to encoding the
-entry whole: a value of an inexact type (a ``str`` or ``int`` subclass, a bool; any number of
-the entry that is not an exact ``int``, since the cache's ``==`` takes 1, 1.0 and True for one
-value), a template in which a marker does not occur exactly once (a rule pattern holding the
-marker's text, a dimension equal to an offset marker), or an unhashable value.
+entry whole: a value of an inexact type (a ``str`` or ``int`` subclass, a bool; any value of
+the entry that is not an exact ``int``, ``str`` or None, since the cache's ``==`` takes 1, 1.0
+and True for one value), a template in which a marker does not occur exactly once (a rule
+pattern holding the marker's text, a dimension equal to an offset marker), or an unhashable
+value.
 
 Why: a 100,000-tensor checkpoint of one-element tensors spent about 23 us per entry in
 ``json.dumps`` (the size plan encodes every entry once), about a tenth of convert's CPU.
@@ -93,26 +94,29 @@ def _key(entry: TensorEntry) -> tuple[Any, ...] | None:
     if type(prov) is not Provenance:
         return None
     # The key compares fixed values with ==, under which 1, 1.0 and True are one value that
-    # json spells three ways: every number in it must be an exact int (or None).
+    # json spells three ways: every value in it must be an exact int, str or None (equal
+    # values of one of these types have one spelling).
     rule = prov.rule
     if type(rule) is not RuleRef or not all(map(_plain_transform, prov.transforms)):
         return None
-    numbers = [*entry.shape, *entry.physical, rule.index, rule.line]
-    if prov.factor_block is not None:
-        numbers.append(prov.factor_block)
+    values = [
+        *entry.shape, *entry.physical, rule.index, rule.line, rule.pattern, *prov.constraints,
+        entry.format, entry.layout, entry.role, prov.conversion, prov.encoder_profile,
+        prov.importance, prov.factor, prov.factor_block,
+    ]  # fmt: skip
     planes = []
     for p in entry.planes:
         if type(p) is not PlaneEntry or type(p.offset) is not int:
             return None
-        numbers.append(p.nbytes)
+        values += (p.name, p.nbytes, p.digest)
         planes.append((p.name, p.nbytes, p.digest))
     sources = []
     for s in prov.sources:
         if type(s) is not SourceRef or type(s.name) is not str:
             return None
-        numbers += s.shape
+        values += (s.dtype, s.file, *s.shape)
         sources.append((s.dtype, s.shape, s.file))
-    if not set(map(type, numbers)) <= _INT_ONLY:
+    if not set(map(type, values)) <= _PLAIN:
         return None
     return (
         entry.format,
@@ -126,11 +130,11 @@ def _key(entry: TensorEntry) -> tuple[Any, ...] | None:
     )
 
 
-_INT_ONLY = frozenset((int,))
+_PLAIN = frozenset((int, str, type(None)))
 
 
 def _ints(values: tuple[object, ...]) -> bool:
-    return set(map(type, values)) <= _INT_ONLY
+    return all(type(v) is int for v in values)
 
 
 def _plain_transform(t: object) -> bool:
@@ -139,7 +143,9 @@ def _plain_transform(t: object) -> bool:
         return type(t.axis) is int
     if type(t) is ReshapeTransform:
         return _ints(t.shape)
-    return type(t) in (TransposeTransform, CopyQuantizedTransform)
+    if type(t) is CopyQuantizedTransform:
+        return type(t.scheme) is str
+    return type(t) is TransposeTransform
 
 
 def _template(entry: TensorEntry) -> _Template | None:
