@@ -551,3 +551,6 @@ def test_without_the_source_verify_still_ties_provenance_to_the_side_file(
     hits = [f for f in _findings(report) if f.check == "integrity"]
     assert hits and hits[0].tensor == "w" and IMPORTANCE_FILE in (hits[0].path or "")
     assert "0" * 32 in hits[0].message
+    # The finding names the tensor itself: the message does not repeat it (the message of
+    # a9dcfac, unchanged when the factors became lazy).
+    assert hits[0].message.startswith("provenance.importance is "), hits[0].message

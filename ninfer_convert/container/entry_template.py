@@ -8,9 +8,11 @@ template: that entry's canonical JSON with a marker in place of each varying val
 the markers.  An entry is then the template's pieces joined with its own name, offsets and
 source names encoded as ``json.dumps`` encodes them (a key's place in the sorted object does
 not depend on its value, and arrays keep their order).  Any doubt falls back to encoding the
-entry whole: a value of an inexact type (a ``str`` or ``int`` subclass, a bool), a template in
-which a marker does not occur exactly once (a rule pattern holding the marker's text, a
-dimension equal to an offset marker), or an unhashable value.
+entry whole: a value of an inexact type (a ``str`` or ``int`` subclass, a bool; any value of
+the entry that is not an exact ``int``, ``str`` or None, since the cache's ``==`` takes 1, 1.0
+and True for one value), a template in which a marker does not occur exactly once (a rule
+pattern holding the marker's text, a dimension equal to an offset marker), or an unhashable
+value.
 
 Why: a 100,000-tensor checkpoint of one-element tensors spent about 23 us per entry in
 ``json.dumps`` (the size plan encodes every entry once), about a tenth of convert's CPU.
@@ -23,7 +25,17 @@ import json.encoder
 import re
 from typing import Any
 
-from .schema import PlaneEntry, Provenance, SourceRef, TensorEntry
+from .schema import (
+    ConcatTransform,
+    CopyQuantizedTransform,
+    PlaneEntry,
+    Provenance,
+    ReshapeTransform,
+    RuleRef,
+    SourceRef,
+    TensorEntry,
+    TransposeTransform,
+)
 from .wire import MAX_INT, canonical_json
 
 __all__ = ["MAX_TEMPLATES", "EntryTemplates"]
@@ -56,12 +68,12 @@ class EntryTemplates:
 
     def encode(self, entry: TensorEntry) -> bytes:
         """``canonical_json(entry.to_json())``."""
-        key = _key(entry)
-        if key is None:
-            return canonical_json(entry.to_json())
         try:
-            known = key in self._templates
-        except TypeError:  # an unhashable value somewhere: no template for it
+            key = _key(entry)
+            known = key is not None and key in self._templates
+        except TypeError:  # an unhashable or odd value somewhere: no template for it
+            key = None
+        if key is None:
             return canonical_json(entry.to_json())
         template = self._templates[key] if known else None
         if not known:
@@ -81,16 +93,31 @@ def _key(entry: TensorEntry) -> tuple[Any, ...] | None:
     prov = entry.provenance
     if type(prov) is not Provenance:
         return None
+    # The key compares fixed values with ==, under which 1, 1.0 and True are one value that
+    # json spells three ways: every value in it must be an exact int, str or None (equal
+    # values of one of these types have one spelling).
+    rule = prov.rule
+    if type(rule) is not RuleRef or not all(map(_plain_transform, prov.transforms)):
+        return None
+    values = [
+        *entry.shape, *entry.physical, rule.index, rule.line, rule.pattern, *prov.constraints,
+        entry.format, entry.layout, entry.role, prov.conversion, prov.encoder_profile,
+        prov.importance, prov.factor, prov.factor_block,
+    ]  # fmt: skip
     planes = []
     for p in entry.planes:
         if type(p) is not PlaneEntry or type(p.offset) is not int:
             return None
+        values += (p.name, p.nbytes, p.digest)
         planes.append((p.name, p.nbytes, p.digest))
     sources = []
     for s in prov.sources:
         if type(s) is not SourceRef or type(s.name) is not str:
             return None
+        values += (s.dtype, s.file, *s.shape)
         sources.append((s.dtype, s.shape, s.file))
+    if not set(map(type, values)) <= _PLAIN:
+        return None
     return (
         entry.format,
         entry.layout,
@@ -101,6 +128,24 @@ def _key(entry: TensorEntry) -> tuple[Any, ...] | None:
         tuple(sources),
         *[getattr(prov, f) for f in _PROV_FIELDS],
     )
+
+
+_PLAIN = frozenset((int, str, type(None)))
+
+
+def _ints(values: tuple[object, ...]) -> bool:
+    return all(type(v) is int for v in values)
+
+
+def _plain_transform(t: object) -> bool:
+    """A transform whose numbers are exact ints (see :func:`_key`)."""
+    if type(t) is ConcatTransform:
+        return type(t.axis) is int
+    if type(t) is ReshapeTransform:
+        return _ints(t.shape)
+    if type(t) is CopyQuantizedTransform:
+        return type(t.scheme) is str
+    return type(t) is TransposeTransform
 
 
 def _template(entry: TensorEntry) -> _Template | None:

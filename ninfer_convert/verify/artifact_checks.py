@@ -134,11 +134,11 @@ def _side_file_findings(
         got, width = digest_of(value), int(value.shape[-1])
         del value
         if got != digest:
-            out.append(problem(f"tensor {name}: provenance.{key} is {digest} but the side "
-                               f"file's entry has digest {got}", name))  # fmt: skip
+            out.append(problem(f"provenance.{key} is {digest} but the side file's entry "
+                               f"has digest {got}", name))  # fmt: skip
         elif key == "factor" and blocks[name] != width:
-            out.append(problem(f"tensor {name}: provenance.factor_block is {blocks[name]} but "
-                               f"the side file's factor is {width} wide", name))  # fmt: skip
+            out.append(problem(f"provenance.factor_block is {blocks[name]} but the side "
+                               f"file's factor is {width} wide", name))  # fmt: skip
     for name in sorted(set(stored) - set(recorded)):
         out.append(problem(f"the side file has an entry {name!r} for a tensor that records no "
                            f"{key} digest", name))  # fmt: skip
