@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_scaling import _many_tensors
 
 import ninfer_convert.source.checkpoint as checkpoint
 from ninfer_convert.convert import convert_checkpoint
@@ -120,20 +120,7 @@ def test_convert_reads_tiny_tensors_a_batch_at_a_time(
 ) -> None:
     count = 1_000
     root = tmp_path / "src"
-    root.mkdir()
-    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    header = {
-        f"model.layers.{i}.w.weight": {
-            "dtype": "BF16",
-            "shape": [1],
-            "data_offsets": [2 * i, 2 * i + 2],
-        }
-        for i in range(count)
-    }
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    words = (np.arange(count, dtype=np.uint16) % 0x3F00).tobytes()
-    (root / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + words)
+    _many_tensors(root, count)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE)
     calls = []
