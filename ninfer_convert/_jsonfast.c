@@ -33,6 +33,7 @@
 #include <structmember.h>
 
 #include "_jsondecode.h"
+#include "_stheader.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* scan */
@@ -301,6 +302,133 @@ fail:
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* dict_maker */
+
+typedef struct {
+    PyObject_VAR_HEAD
+    PyTypeObject *cls;
+    Py_ssize_t count;
+    vectorcallfunc vectorcall;
+    PyObject *names[1]; /* count entries */
+} DictMaker;
+
+static PyObject *
+dmaker_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    DictMaker *m = (DictMaker *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) || nargs != m->count) {
+        PyErr_Format(PyExc_TypeError, "%s maker takes %zd positional arguments",
+                     m->cls->tp_name, m->count);
+        return NULL;
+    }
+    PyObject *d = _PyDict_NewPresized(nargs);
+    if (d == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (PyDict_SetItem(d, m->names[i], args[i]) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    PyObject *obj = m->cls->tp_alloc(m->cls, 0);
+    if (obj == NULL) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    /* object.__setattr__(obj, "__dict__", d): what a frozen __init__'s object.__setattr__
+       per field leaves, in one step. */
+    int r = PyObject_GenericSetDict(obj, d, NULL);
+    Py_DECREF(d);
+    if (r < 0) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+static int
+dmaker_traverse(DictMaker *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->cls);
+    return 0;
+}
+
+static int
+dmaker_clear(DictMaker *m)
+{
+    Py_CLEAR(m->cls);
+    for (Py_ssize_t i = 0; i < m->count; i++) {
+        Py_CLEAR(m->names[i]);
+    }
+    return 0;
+}
+
+static void
+dmaker_dealloc(DictMaker *m)
+{
+    PyObject_GC_UnTrack(m);
+    dmaker_clear(m);
+    PyObject_GC_Del(m);
+}
+
+static PyTypeObject DictMakerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ninfer_convert._jsonfast.DictMaker",
+    .tp_basicsize = sizeof(DictMaker) - sizeof(PyObject *),
+    .tp_itemsize = sizeof(PyObject *),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(DictMaker, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_traverse = (traverseproc)dmaker_traverse,
+    .tp_clear = (inquiry)dmaker_clear,
+    .tp_dealloc = (destructor)dmaker_dealloc,
+    .tp_doc = "maker(*values): a new instance of its class whose __dict__ maps its names to "
+              "values.",
+};
+
+static PyObject *
+dict_maker(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "dict_maker(cls: type, names: tuple[str, ...])");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *names = args[1];
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    if (!(cls->tp_flags & Py_TPFLAGS_HEAPTYPE) || cls->tp_alloc == NULL ||
+        cls->tp_new != PyBaseObject_Type.tp_new) {
+        PyErr_Format(PyExc_TypeError, "%s is not a plain class defined in Python", cls->tp_name);
+        return NULL;
+    }
+    DictMaker *m = PyObject_GC_NewVar(DictMaker, &DictMakerType, count);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(cls);
+    m->cls = cls;
+    m->count = count;
+    m->vectorcall = dmaker_vectorcall;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_CheckExact(name)) {
+            for (Py_ssize_t j = i; j < count; j++) {
+                m->names[j] = NULL;
+            }
+            PyErr_SetString(PyExc_TypeError, "field names must be strings");
+            Py_DECREF(m);
+            return NULL;
+        }
+        m->names[i] = Py_NewRef(name);
+    }
+    PyObject_GC_Track(m);
+    return (PyObject *)m;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* dict_values */
 
 static PyObject *
@@ -341,9 +469,15 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))jsonfast_decode, METH_FASTCALL,
      "decode(raw, plan, memo, limit, json_depth) -> the document as schema objects, built "
      "while parsing, or None (declined: the reference reader decides)"},
+    {"dict_maker", (PyCFunction)(void (*)(void))dict_maker, METH_FASTCALL,
+     "dict_maker(cls, names) -> maker(*values): instances of cls with __dict__ {names: values}"},
     {"dict_values", (PyCFunction)(void (*)(void))dict_values, METH_FASTCALL,
      "dict_values(value, keys) -> the values of keys if value is a dict with exactly those "
      "keys (distinct), else None"},
+    {"safetensors", (PyCFunction)(void (*)(void))stheader_safetensors, METH_FASTCALL,
+     "safetensors(raw, data_start, data_len, dtypes, bits, make, file) -> (tensors, "
+     "metadata span) of a safetensors header, or None (declined: the reference "
+     "reader decides)"},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, limit) -> (offset of the first bracket deeper than limit or None, members)"},
     {"slot_maker", (PyCFunction)(void (*)(void))slot_maker, METH_FASTCALL,
@@ -359,7 +493,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__jsonfast(void)
 {
-    if (PyType_Ready(&SlotMakerType) < 0) {
+    if (PyType_Ready(&SlotMakerType) < 0 || PyType_Ready(&DictMakerType) < 0) {
         return NULL;
     }
     return PyModule_Create(&module);

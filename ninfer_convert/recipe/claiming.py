@@ -30,7 +30,7 @@ def rule_problem(rule: Rule | None, message: str, line: int | None = None) -> Pr
     return Problem(line if line is not None else (rule.line if rule else None), where + message)
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     """One output a rule claimed, with its source tensors and the field each one fills."""
 
@@ -101,22 +101,27 @@ class Claims:
 
     def _claim_matching(self, rule: Rule) -> None:
         assert rule.pattern is not None  # parse guarantees it for match/skip rules
-        hits = [n for n in self.names if rule.pattern.matches(n)]
-        free = [n for n in hits if n not in self.claimed]
+        matches = rule.pattern.regex.fullmatch  # NamePattern.matches, without the method call
+        hits = [n for n in self.names if matches(n)]
+        claimed = self.claimed
+        free = [n for n in hits if n not in claimed]
         if not free:
             self._nothing(rule, hits)
             return
-        for n in free:
-            self.claimed[n] = rule
-            info = self.source.tensors[n]
-            if rule.kind == "skip":
+        tensors = self.source.tensors
+        if rule.kind == "skip":
+            ref, reason = RuleRef.of(rule), rule.reason or ""
+            for n in free:
+                claimed[n] = rule
+                info = tensors[n]
                 self.skipped.append(
-                    SkippedTensor(
-                        n, info.dtype, info.shape, info.file, RuleRef.of(rule), rule.reason or ""
-                    )
+                    SkippedTensor(n, info.dtype, info.shape, info.file, ref, reason)
                 )
-            else:
-                self.candidates.append(Candidate(rule, n, [(info, "input")]))
+            return
+        append = self.candidates.append
+        for n in free:
+            claimed[n] = rule
+            append(Candidate(rule, n, [(tensors[n], "input")]))
 
     def _claim_copy(self, rule: Rule) -> None:
         assert rule.pattern is not None and rule.copy is not None

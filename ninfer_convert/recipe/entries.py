@@ -60,7 +60,7 @@ class _PlanJSON(SchemaObject):
 
 
 @schema("source")
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanSource(_PlanJSON):
     """One source tensor an output is made from, and what it contributes (``field``)."""
 
@@ -88,7 +88,7 @@ def _step_problem(step: TransformStep) -> str | None:
 
 
 @schema("transform", check=_step_problem)
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TransformStep(_PlanJSON):
     """One derivation step, in application order (recorded in provenance).
 
@@ -103,7 +103,7 @@ class TransformStep(_PlanJSON):
 
 
 @schema("rule")
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuleRef(_PlanJSON):
     """Which recipe rule produced an entry: 0-based index, 1-based line, kind and pattern.
 
@@ -123,7 +123,7 @@ class RuleRef(_PlanJSON):
 
 
 @schema("entry")
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanEntry(_PlanJSON):
     """One output tensor: everything convert needs, and everything provenance records."""
 
@@ -167,7 +167,7 @@ class PlanEntry(_PlanJSON):
 
 
 @schema("skipped")
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SkippedTensor(_PlanJSON):
     """A source tensor a ``skip`` rule claimed: it is not converted."""
 

@@ -15,15 +15,18 @@ the entries sorted by output name.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 
 from ..errors import NinferError
 from ..formats import FORMATS, NumericFormat
+from ..jsonfields.makers import instance_maker
 from ..names import tensor_name_problem
+from ..source import SourceTensorInfo
 from .claiming import Candidate, rule_problem
 from .copy_paths import COPY_PATHS
 from .entries import PlanEntry, PlanSource, RuleRef, TransformStep
-from .model import Problem, Rule
+from .model import Problem, Rule, SourceField
 from .tables import CONVERSIONS, DIRECT_SAME_SOURCE, GROUPED_SOURCES
 
 __all__ = ["EntryBuilder"]
@@ -44,6 +47,11 @@ class EntryBuilder:
     def entries(self) -> list[PlanEntry]:
         out: list[PlanEntry] = []
         owner: dict[str, Rule] = {}
+        # A planned one-input entry per (rule, dtype, shape): the entry of another input of
+        # that rule, dtype and shape differs only in its output, its source and its source
+        # bytes (see _from_template).  Only an entry that was planned without a problem is
+        # kept: an input whose key has none takes the whole path (and reports its own).
+        templates: dict[tuple[int, str, tuple[int, ...]], tuple[Rule, PlanEntry]] = {}
         for cand in self.candidates:
             prev = owner.get(cand.output)
             if prev is not None:
@@ -60,6 +68,15 @@ class EntryBuilder:
             fmt = FORMATS.get(cand.rule.format or "")
             if fmt is None:
                 continue  # an unknown format was reported at load time
+            if len(cand.sources) == 1 and cand.rule.kind != "copy":
+                info, fld = cand.sources[0]
+                key = (id(cand.rule), info.dtype, info.shape)
+                known = templates.get(key)
+                if known is not None and known[0] is cand.rule:
+                    out.append(_from_template(known[1], cand.output, info, fld))
+                    continue
+            else:
+                key = None
             opaque = [i for i, _f in cand.sources if not i.convertible]
             if opaque:
                 # F4, F6_*, F8_*FNUZ, C64: the source reader only digests them.
@@ -77,7 +94,9 @@ class EntryBuilder:
             )
             if entry is not None:
                 out.append(entry)
-        out.sort(key=lambda e: e.output)
+                if key is not None:
+                    templates[key] = (cand.rule, entry)
+        out.sort(key=_output)
         return out
 
     def _finish(
@@ -243,6 +262,40 @@ class EntryBuilder:
                 self.err(cand.rule, f"{cand.output!r}: {msg}")
             return None
         return self._finish(cand, fmt, shape, None, [])
+
+
+_make_entry = instance_maker(PlanEntry)
+_make_source = instance_maker(PlanSource)
+_output = operator.attrgetter("output")
+
+
+def _from_template(
+    t: PlanEntry, output: str, info: SourceTensorInfo, fld: SourceField
+) -> PlanEntry:
+    """The entry of the one-input candidate ``output`` (from ``info``) whose rule, dtype and
+    shape are those of the planned entry ``t``: what _encoded_entry and _finish would build
+    (every field but the output, the source and the source bytes follows from the rule, the
+    dtype and the shape), built positionally (PlanEntry's field order)."""
+    return _make_entry(
+        output,
+        t.format,
+        t.layout,
+        t.encoder_profile,
+        t.conversion,
+        t.keep_nonfinite,
+        t.copy,
+        t.role,
+        t.constraints,
+        t.shape,
+        (_make_source(info.name, info.dtype, info.shape, info.file, info.nbytes, fld),),
+        t.transforms,
+        t.rule,
+        t.evidence,
+        t.encoded_bytes,
+        info.nbytes,
+        None,
+        None,
+    )
 
 
 def _output_name_problem(name: str) -> str | None:

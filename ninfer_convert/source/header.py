@@ -34,15 +34,17 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import SourceError
+from ..jsonfields.makers import instance_maker
 from ..jsonlimits import MAX_JSON_DEPTH, nesting_problem
 from ..names import tensor_name_problem
+from ..native import optional_module
 from ..regular import open_regular
 
 __all__ = [
@@ -130,7 +132,7 @@ def dtype_bits(dtype: str) -> int:
     return info.itemsize * 8 if info is not None else OPAQUE_DTYPES[dtype]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One validated header entry; ``begin``/``end`` are absolute byte offsets in the file."""
 
@@ -152,6 +154,9 @@ class SafetensorsHeader:
     data_start: int
     metadata: Mapping[str, str]
     tensors: Mapping[str, TensorEntry]
+
+
+_T = TypeVar("_T")
 
 
 def _reject_constant(value: str) -> Any:
@@ -218,6 +223,30 @@ _JSON_WHITESPACE = " \t\n\r"
 def parse_header(path: str | Path) -> SafetensorsHeader:
     """Read and validate the header of one ``.safetensors`` file (no tensor data is read)."""
     p = Path(path)
+    raw, file_size = _read_header(p)
+    return _checked_header(p, raw, file_size)
+
+
+def parse_header_as(
+    path: str | Path, file: str, make: Callable[[str, str, tuple[int, ...], str, int, int], _T]
+) -> tuple[int, dict[str, _T]]:
+    """The file size and the tensors of one ``.safetensors`` file, validated as by
+    :func:`parse_header` (the same errors), each built as ``make(name, dtype, shape, file,
+    nbytes, begin)`` (``begin`` absolute) without a :class:`TensorEntry` in between."""
+    p = Path(path)
+    raw, file_size = _read_header(p)
+    direct = direct_entries(raw, file_size, make, file)
+    if direct is not None:
+        return file_size, direct[0]
+    header = _checked_header(p, raw, file_size)
+    return file_size, {
+        e.name: make(e.name, e.dtype, e.shape, file, e.nbytes, e.begin)
+        for e in header.tensors.values()
+    }
+
+
+def _read_header(p: Path) -> tuple[bytes, int]:
+    """The header text of the file ``p`` and the file's size (the length prefix checked)."""
     where = str(p)
     try:
         # A FIFO or device is refused without ever blocking.
@@ -257,7 +286,7 @@ def parse_header(path: str | Path) -> SafetensorsHeader:
             raw = f.read(n)
     except OSError as exc:
         raise SourceError(f"cannot read: {exc.strerror or exc}", path=where) from exc
-    return _checked_header(p, raw, file_size)
+    return raw, file_size
 
 
 def parse_header_bytes(
@@ -288,9 +317,54 @@ def parse_header_bytes(
     return _checked_header(Path(where), bytes(data[8 : 8 + n]), size)
 
 
+_native = optional_module("_jsonfast")
+_DTYPE_NAMES = (*DTYPES, *OPAQUE_DTYPES)
+_DTYPE_BITS = tuple(dtype_bits(d) for d in _DTYPE_NAMES)
+_make_entry = instance_maker(TensorEntry)
+
+
+def direct_entries(
+    raw: bytes, file_size: int, make: Callable[..., _T], file: str | None
+) -> tuple[dict[str, _T], dict[str, str]] | None:
+    """The tensors and metadata of the header text ``raw`` of a ``file_size``-byte file,
+    read by the C reader in one pass, or None: declined (no C module, or anything the reader
+    does not accept exactly as :func:`_checked_header` would), and the caller runs the
+    reference.  Each tensor is ``make(name, dtype, shape, begin, end)`` (absolute offsets)
+    when ``file`` is None, else ``make(name, dtype, shape, file, nbytes, begin)``."""
+    if _native is None:
+        return None
+    data_start = 8 + len(raw)
+    got = _native.safetensors(
+        raw, data_start, file_size - data_start, _DTYPE_NAMES, _DTYPE_BITS, make, file
+    )
+    if got is None:
+        return None
+    tensors, span = got
+    if span is None:
+        return tensors, {}
+    # The metadata object, checked by the reference JSON reader (escapes, surrogates,
+    # duplicates, UTF-8): the C reader only found where it ends.
+    try:
+        meta = loads_strict_json(raw[span[0] : span[1]].decode("utf-8"), header=True)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        return None
+    return tensors, meta
+
+
 def _checked_header(p: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
     """Validate the header text ``raw`` of the ``file_size``-byte file ``p``."""
     where = str(p)
+    direct = direct_entries(raw, file_size, _make_entry, None)
+    if direct is not None:
+        return SafetensorsHeader(
+            path=p,
+            file_size=file_size,
+            data_start=8 + len(raw),
+            metadata=MappingProxyType(direct[1]),
+            tensors=MappingProxyType(direct[0]),
+        )
     n = len(raw)
     try:
         text = raw.decode("utf-8", errors="strict")

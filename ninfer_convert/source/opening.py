@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import SourceError
-from .checkpoint import SourceCheckpoint, SourceTensorInfo, _info
-from .header import parse_header
+from ..jsonfields.makers import instance_maker
+from .checkpoint import SourceCheckpoint, SourceTensorInfo
+from .header import parse_header_as
 from .hf_cache import looks_like_repo_id, resolve_cached_repo
 from .json_files import _read_json
 from .shard_index import _check_index
@@ -77,6 +78,8 @@ def _cache_bound(snapshot: Path) -> Path:
 
 def _check_twins(tensors: Mapping[str, SourceTensorInfo], where: str) -> None:
     """Refuse distinct tensor names that are equal after NFKC normalisation."""
+    if all(map(str.isascii, tensors)):
+        return  # NFKC leaves ASCII text unchanged: distinct ASCII names stay distinct
     seen: dict[str, str] = {}
     twins: list[str] = []
     for name in sorted(tensors):
@@ -94,16 +97,20 @@ def _check_twins(tensors: Mapping[str, SourceTensorInfo], where: str) -> None:
         )
 
 
+# SourceTensorInfo(name, dtype, shape, file, nbytes, offset), built per tensor by the header
+# reader (checkpoint._info's mapping of a TensorEntry, without the TensorEntry).
+_make_info = instance_maker(SourceTensorInfo)
+
+
 def _open_file(p: Path) -> SourceCheckpoint:
-    header = parse_header(p)
-    tensors = _info(header, p.name)
+    file_size, tensors = parse_header_as(p, p.name, _make_info)
     _check_twins(tensors, str(p))
     return SourceCheckpoint(
         path=p,
         kind="safetensors-file",
         config=None,
         tensors=tensors,
-        files=((p.name, header.file_size),),
+        files=((p.name, file_size),),
         side_files=(),
         root=p.parent,
     )
@@ -124,9 +131,8 @@ def _open_dir(
     if index_path.exists():
         tensors, files = _check_index(root, index_path)
     elif (root / SINGLE_NAME).exists():  # parse_header refuses what is not a regular file
-        header = parse_header(root / SINGLE_NAME)
-        tensors = _info(header, SINGLE_NAME)
-        files = ((SINGLE_NAME, header.file_size),)
+        file_size, tensors = parse_header_as(root / SINGLE_NAME, SINGLE_NAME, _make_info)
+        files = ((SINGLE_NAME, file_size),)
     else:
         found = sorted(q.name for q in root.glob("*.safetensors"))
         raise SourceError(
