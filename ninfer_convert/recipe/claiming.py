@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..jsonfields.makers import instance_maker
 from ..source import SourceCheckpoint, SourceTensorInfo
 from .copy_paths import COPY_PATHS
 from .entries import RuleRef, SkippedTensor
@@ -37,6 +38,9 @@ class Candidate:
     rule: Rule
     output: str
     sources: list[tuple[SourceTensorInfo, SourceField]]
+
+
+_make_candidate = instance_maker(Candidate)
 
 
 class Claims:
@@ -121,7 +125,7 @@ class Claims:
         append = self.candidates.append
         for n in free:
             claimed[n] = rule
-            append(Candidate(rule, n, [(tensors[n], "input")]))
+            append(_make_candidate(rule, n, [(tensors[n], "input")]))
 
     def _claim_copy(self, rule: Rule) -> None:
         assert rule.pattern is not None and rule.copy is not None

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..formats import FORMATS
+from ..jsonfields import paused_gc
 from ..source import SourceCheckpoint
 from .claiming import Claims
 from .cost import padding_warnings
@@ -175,8 +176,11 @@ def build_plan(
     identity = identity_problems(loaded, source)
     applied: list[Problem] = []  # claiming, entry and unclaimed problems, in the order found
     claims = Claims(loaded, source, applied)
-    claims.claim_all()
-    entries = EntryBuilder(claims.candidates, applied).entries()
+    # A few objects per tensor, none cyclic: the collector's passes over them would cost
+    # more than building them (see paused_gc).
+    with paused_gc():
+        claims.claim_all()
+        entries = EntryBuilder(claims.candidates, applied).entries()
     claims.unclaimed()
     problems = list(load_problems)
     if check_identity:

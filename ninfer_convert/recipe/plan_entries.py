@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from ..errors import NinferError
 from ..formats import FORMATS, NumericFormat
 from ..jsonfields.makers import instance_maker
-from ..names import tensor_name_problem
+from ..names import tensor_name_problem, tensor_names_problem_free
 from ..source import SourceTensorInfo
 from .claiming import Candidate, rule_problem
 from .copy_paths import COPY_PATHS
@@ -52,31 +52,34 @@ class EntryBuilder:
         # bytes (see _from_template).  Only an entry that was planned without a problem is
         # kept: an input whose key has none takes the whole path (and reports its own).
         templates: dict[tuple[int, str, tuple[int, ...]], tuple[Rule, PlanEntry]] = {}
+        # Every output name storable (the usual case): no name check per output finds one.
+        names_ok = tensor_names_problem_free(c.output for c in self.candidates)
         for cand in self.candidates:
+            rule = cand.rule
             prev = owner.get(cand.output)
             if prev is not None:
                 self.err(
-                    cand.rule,
-                    f"output {cand.output!r} is also produced by the rule at line {prev.line}",
+                    rule, f"output {cand.output!r} is also produced by the rule at line {prev.line}"
                 )
                 continue
-            owner[cand.output] = cand.rule
-            bad_name = _output_name_problem(cand.output)
-            if bad_name is not None:
-                self.err(cand.rule, bad_name)
-                continue
-            fmt = FORMATS.get(cand.rule.format or "")
-            if fmt is None:
-                continue  # an unknown format was reported at load time
-            if len(cand.sources) == 1 and cand.rule.kind != "copy":
+            owner[cand.output] = rule
+            if not names_ok:
+                bad_name = _output_name_problem(cand.output)
+                if bad_name is not None:
+                    self.err(rule, bad_name)
+                    continue
+            key = None
+            if len(cand.sources) == 1 and rule.kind != "copy":
                 info, fld = cand.sources[0]
-                key = (id(cand.rule), info.dtype, info.shape)
+                key = (id(rule), info.dtype, info.shape)
                 known = templates.get(key)
-                if known is not None and known[0] is cand.rule:
+                # A template exists only for a rule whose format is known (it was planned).
+                if known is not None and known[0] is rule:
                     out.append(_from_template(known[1], cand.output, info, fld))
                     continue
-            else:
-                key = None
+            fmt = FORMATS.get(rule.format or "")
+            if fmt is None:
+                continue  # an unknown format was reported at load time
             opaque = [i for i, _f in cand.sources if not i.convertible]
             if opaque:
                 # F4, F6_*, F8_*FNUZ, C64: the source reader only digests them.

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import SourceError
+from ..jsonfields import paused_gc
 from ..jsonfields.makers import instance_maker
 from .checkpoint import SourceCheckpoint, SourceTensorInfo
 from .header import parse_header_as
@@ -38,7 +39,13 @@ def open_source(
     ``cache_dir`` overrides the Hugging Face cache used for repo ids (default: the hub
     library's own setting, ``HF_HUB_CACHE``).
     """
-    text = os.fspath(spec)
+    # One object per tensor, none cyclic: the collector's passes over a 100,000-tensor
+    # header would cost more than reading it (see paused_gc).
+    with paused_gc():
+        return _open_source(os.fspath(spec), cache_dir)
+
+
+def _open_source(text: str, cache_dir: str | Path | None) -> SourceCheckpoint:
     p = Path(text).expanduser()
     try:
         found = p.exists()
