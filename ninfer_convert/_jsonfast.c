@@ -322,28 +322,24 @@ dmaker_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
                      m->cls->tp_name, m->count);
         return NULL;
     }
-    PyObject *d = _PyDict_NewPresized(nargs);
-    if (d == NULL) {
+    /* object.__new__(cls) (the class's own tp_new, checked when the maker was made): it also
+       sets up the instance's inline attribute values, which tp_alloc alone does not. */
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) {
         return NULL;
     }
+    PyObject *obj = m->cls->tp_new(m->cls, empty, NULL);
+    Py_DECREF(empty);
+    if (obj == NULL) {
+        return NULL;
+    }
+    /* object.__setattr__(obj, name, value) per field, as a frozen __init__ does, without its
+       Python-level calls: the instance keeps the class's shared-key attribute layout. */
     for (Py_ssize_t i = 0; i < nargs; i++) {
-        if (PyDict_SetItem(d, m->names[i], args[i]) < 0) {
-            Py_DECREF(d);
+        if (PyObject_GenericSetAttr(obj, m->names[i], args[i]) < 0) {
+            Py_DECREF(obj);
             return NULL;
         }
-    }
-    PyObject *obj = m->cls->tp_alloc(m->cls, 0);
-    if (obj == NULL) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    /* object.__setattr__(obj, "__dict__", d): what a frozen __init__'s object.__setattr__
-       per field leaves, in one step. */
-    int r = PyObject_GenericSetDict(obj, d, NULL);
-    Py_DECREF(d);
-    if (r < 0) {
-        Py_DECREF(obj);
-        return NULL;
     }
     return obj;
 }
@@ -384,7 +380,7 @@ static PyTypeObject DictMakerType = {
     .tp_traverse = (traverseproc)dmaker_traverse,
     .tp_clear = (inquiry)dmaker_clear,
     .tp_dealloc = (destructor)dmaker_dealloc,
-    .tp_doc = "maker(*values): a new instance of its class whose __dict__ maps its names to "
+    .tp_doc = "maker(*values): a new instance of its class with its attributes (names) set to "
               "values.",
 };
 
@@ -470,7 +466,7 @@ static PyMethodDef methods[] = {
      "decode(raw, plan, memo, limit, json_depth) -> the document as schema objects, built "
      "while parsing, or None (declined: the reference reader decides)"},
     {"dict_maker", (PyCFunction)(void (*)(void))dict_maker, METH_FASTCALL,
-     "dict_maker(cls, names) -> maker(*values): instances of cls with __dict__ {names: values}"},
+     "dict_maker(cls, names) -> maker(*values): instances of cls with those attributes set"},
     {"dict_values", (PyCFunction)(void (*)(void))dict_values, METH_FASTCALL,
      "dict_values(value, keys) -> the values of keys if value is a dict with exactly those "
      "keys (distinct), else None"},
