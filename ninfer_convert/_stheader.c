@@ -39,6 +39,7 @@
 #define MAX_NDIM 64
 #define MAX_NAME_CHARS 4096
 #define MAX_DIGITS 18 /* below 10**18: every value and offset sum fits in int64 */
+#define DEL 127       /* U+007F: a control character in a tensor name (names.py) */
 
 typedef struct {
     const unsigned char *p;
@@ -74,7 +75,7 @@ plain_string(Cur *c, const unsigned char **start, Py_ssize_t *len)
     }
     const unsigned char *q = ++c->p;
     while (q < c->end && *q != '"') {
-        if (*q < 0x20 || *q == '\\' || *q == 0x7f) {
+        if (*q < 0x20 || *q == '\\' || *q == DEL) {
             return 0;
         }
         q++;

@@ -10,6 +10,12 @@ grouped format takes BF16, F16 or F32 positive rank-two matrices; copy-path outp
 by their copy path; the layout registry gives the encoded size or its reason to refuse the
 shape.  Every problem is appended to the caller's list; :meth:`EntryBuilder.entries` returns
 the entries sorted by output name.
+
+A one-input output is planned the whole way once per (rule, source dtype, source shape); the
+others of that key are copies of its entry with their own output, source and source bytes
+(``_from_template``: nothing else in an entry depends on the name), and a key whose first
+output had a problem is planned anew for each output, so each reports its own
+(tests/test_plan_reuse.py compares with planning each output alone).
 """
 
 from __future__ import annotations

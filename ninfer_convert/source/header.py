@@ -27,6 +27,12 @@ rules are listed for users in docs/cli.md, "Source checkpoints"):
   numpy product); for the sub-byte types (F4, F6_*) ``numel * bits`` must be a multiple of 8;
 * sorted by offset, the tensors tile the data region exactly: the first starts at 0, each starts
   where the previous ended (no gaps, no overlaps) and the last ends at the end of the file.
+
+Ordinary headers are read by the C module's one-pass reader (``_jsonfast.safetensors``,
+ninfer_convert/_stheader.c: :func:`direct_entries`), which builds each tensor's object while
+parsing; it declines, and the Python checks below decide, on anything it does not accept
+exactly as they do (an escape in a tensor name, an unsorted header, any refusal), so every
+error is theirs.  tests/test_source_header_direct.py holds both to the same outcome.
 """
 
 from __future__ import annotations
