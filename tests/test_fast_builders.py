@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from st_helpers import write_safetensors
 
 from ninfer_convert.jsonfields.makers import instance_maker
 from ninfer_convert.names import MAX_NAME_CHARS, tensor_name_problem, tensor_names_problem_free
+from ninfer_convert.native import optional_module
 from ninfer_convert.recipe import build_plan, loads_recipe
 from ninfer_convert.recipe.claiming import Candidate
 from ninfer_convert.recipe.entries import PlanEntry, PlanSource
@@ -25,6 +27,12 @@ from ninfer_convert.recipe.model import RecipeProblems
 from ninfer_convert.source import open_source
 from ninfer_convert.source.checkpoint import SourceTensorInfo
 from ninfer_convert.source.header import TensorEntry
+
+_native = optional_module("_jsonfast")
+needs_native = pytest.mark.skipif(
+    _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") != "1",
+    reason="the C module _jsonfast was not built",
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class _Factory:
     b: list[int] = field(default_factory=list)
 
 
+@needs_native
 @pytest.mark.parametrize("cls", [_Plain, _Slotted, _Factory])
 def test_makers_build_what_init_builds(cls: type) -> None:
     make = instance_maker(cls)
@@ -69,6 +78,7 @@ def test_makers_build_what_init_builds(cls: type) -> None:
         make(x)
 
 
+@needs_native
 def test_makers_release_what_they_hold() -> None:
     make = instance_maker(_Plain)
     token = object()
@@ -85,6 +95,7 @@ def test_classes_with_more_in_init_keep_their_init() -> None:
     assert instance_maker(int) is int
 
 
+@needs_native
 def test_the_per_tensor_classes_get_fillers() -> None:
     for cls in (TensorEntry, SourceTensorInfo, PlanEntry, PlanSource, Candidate):
         assert instance_maker(cls) is not cls, cls

@@ -6,6 +6,7 @@ accepts the ordinary headers itself (it declines only on doubt)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,15 @@ from typing import Any
 import pytest
 
 from ninfer_convert.errors import SourceError
+from ninfer_convert.native import optional_module
 from ninfer_convert.source import header as hdr
 from ninfer_convert.source.header import OPAQUE_DTYPES, TensorEntry, direct_entries
+
+_native = optional_module("_jsonfast")
+needs_native = pytest.mark.skipif(
+    _native is None and os.environ.get("NINFER_REQUIRE_NATIVE") != "1",
+    reason="the C module _jsonfast was not built",
+)
 
 
 def _outcome(raw: bytes, file_size: int, native: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -66,6 +74,7 @@ ORDINARY = [
 ]
 
 
+@needs_native
 @pytest.mark.parametrize("case", range(len(ORDINARY)))
 def test_ordinary_headers_are_read_directly_and_equal(
     case: int, monkeypatch: pytest.MonkeyPatch
