@@ -37,21 +37,19 @@ error is theirs.  tests/test_source_header_direct.py holds both to the same outc
 
 from __future__ import annotations
 
-import json
-import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..errors import SourceError
 from ..jsonfields.makers import instance_maker
-from ..jsonlimits import MAX_JSON_DEPTH, nesting_problem
 from ..names import tensor_name_problem
 from ..native import optional_module
 from ..regular import open_regular
+from .strict_json import loads_strict_json
 
 __all__ = [
     "DTYPES",
@@ -163,64 +161,6 @@ class SafetensorsHeader:
 
 
 _T = TypeVar("_T")
-
-
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"non-JSON constant {value}")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-# A \u escape of a UTF-16 surrogate (the only way a lone surrogate enters decoded UTF-8 text).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _header_int(literal: str) -> int:
-    # safetensors reads shapes and offsets as unsigned integers: "-0" is not one.
-    if literal.startswith("-"):
-        value = int(literal)
-        if value == 0:
-            raise ValueError("-0 is not an unsigned integer")
-        return value
-    return int(literal)
-
-
-def loads_strict_json(text: str, *, header: bool = False) -> Any:
-    """``json.loads`` that refuses duplicate keys, NaN/Infinity, nesting deeper than
-    :data:`~ninfer_convert.jsonlimits.MAX_JSON_DEPTH` and lone surrogates (raises ValueError).
-
-    The nesting bound runs first, so ``json.loads`` never recurses past it.  ``json.loads``
-    pairs surrogate escapes itself; one left unpaired is a string no UTF-8 encoder can write,
-    so it is refused here, as safetensors refuses it.  ``header=True`` (a safetensors header)
-    also refuses the integer literal ``-0``, which safetensors' unsigned fields refuse."""
-    deep = nesting_problem(text)
-    if deep is not None:
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels at character {deep}")
-    value = json.loads(
-        text,
-        object_pairs_hook=_no_duplicates,
-        parse_constant=_reject_constant,
-        # Without the two characters "-0" anywhere in the text there is no -0 literal, and
-        # json's own int parse gives what _header_int gives (one Python call per integer
-        # saved: three per tensor).
-        parse_int=_header_int if header and "-0" in text else None,
-    )
-    if _SURROGATE_ESCAPE.search(text) is not None:
-        try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            bad = exc.object[exc.start : exc.end]
-            raise ValueError(
-                f"a \\u escape leaves the lone UTF-16 surrogate {bad!r} (not a character)"
-            ) from None
-    return value
 
 
 _JSON_WHITESPACE = " \t\n\r"
@@ -359,18 +299,26 @@ def direct_entries(
     return tensors, meta
 
 
+def _direct_header(p: Path, raw: bytes, file_size: int) -> SafetensorsHeader | None:
+    """:func:`_checked_header`'s value by the C reader, or None (declined)."""
+    direct = direct_entries(raw, file_size, _make_entry, None)
+    if direct is None:
+        return None
+    return SafetensorsHeader(
+        path=p,
+        file_size=file_size,
+        data_start=8 + len(raw),
+        metadata=MappingProxyType(direct[1]),
+        tensors=MappingProxyType(direct[0]),
+    )
+
+
 def _checked_header(p: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
     """Validate the header text ``raw`` of the ``file_size``-byte file ``p``."""
-    where = str(p)
-    direct = direct_entries(raw, file_size, _make_entry, None)
+    direct = _direct_header(p, raw, file_size)
     if direct is not None:
-        return SafetensorsHeader(
-            path=p,
-            file_size=file_size,
-            data_start=8 + len(raw),
-            metadata=MappingProxyType(direct[1]),
-            tensors=MappingProxyType(direct[0]),
-        )
+        return direct
+    where = str(p)
     n = len(raw)
     try:
         text = raw.decode("utf-8", errors="strict")
