@@ -26,6 +26,7 @@ from ..formats import lookup_format
 from ..layouts import Layout, PlaneSpec, check_combination
 from .checks import check_alignment
 from .entry_template import EntryTemplates
+from .metadata_json import metadata_json as _metadata_json
 from .schema import (
     ArtifactMeta,
     Header,
@@ -107,23 +108,34 @@ def entry_json(entry: TensorEntry) -> bytes:
     return canonical_json(entry.to_json())
 
 
-def _header_frame(metadata: ArtifactMeta, files: tuple[SideFile, ...], shard: ShardInfo) -> bytes:
-    """The canonical JSON of a header without tensors, up to and including the ``[`` that
-    opens its ``tensors`` array (the last key: keys are sorted)."""
-    empty = canonical_json(
-        Header(artifact=metadata, files=files, shard=shard, tensors=()).to_json()
-    )
-    if not empty.endswith(b'"tensors":[]}'):  # pragma: no cover - the schema's key order
-        raise RuntimeError("the header's last key is not tensors")
-    return empty[:-2]
+# The header's keys, sorted: the metadata comes first and the tensors last.
+_HEADER_KEYS = ("artifact", "files", "shard", "tensors")
+if tuple(sorted(Header.KEYS)) != _HEADER_KEYS:  # pragma: no cover - the schema's keys
+    raise RuntimeError("the header's keys are not artifact, files, shard and tensors")
+
+
+def _header_frame(meta_json: bytes, files: tuple[SideFile, ...], shard: ShardInfo) -> bytes:
+    """The canonical JSON of a header without tensors whose metadata's canonical JSON is
+    ``meta_json``, up to and including the ``[`` that opens its ``tensors`` array (the last
+    key: keys are sorted); the metadata, the largest part, is encoded once by the caller."""
+    rest = canonical_json({"files": [f.to_json() for f in files], "shard": shard.to_json(),
+                           "tensors": []})  # fmt: skip
+    return b"".join((b'{"artifact":', meta_json, b",", rest[1:-2]))
 
 
 def header_json(
-    metadata: ArtifactMeta, files: tuple[SideFile, ...], shard: ShardInfo, entries: Sequence[bytes]
+    metadata: ArtifactMeta,
+    files: tuple[SideFile, ...],
+    shard: ShardInfo,
+    entries: Sequence[bytes],
+    *,
+    metadata_json: bytes | None = None,
 ) -> bytes:
     """The canonical JSON of a header whose tensor entries' canonical JSON is ``entries``
-    (:func:`entry_json`, in order): the bytes of ``canonical_json(Header(...).to_json())``."""
-    return b"".join((_header_frame(metadata, files, shard), b",".join(entries), b"]}"))
+    (:func:`entry_json`, in order): the bytes of ``canonical_json(Header(...).to_json())``.
+    ``metadata_json``: ``canonical_json(metadata.to_json())`` when the caller has it."""
+    meta = _metadata_json(metadata.to_json()) if metadata_json is None else metadata_json
+    return b"".join((_header_frame(meta, files, shard), b",".join(entries), b"]}"))
 
 
 class PlannedEntry(NamedTuple):
@@ -259,8 +271,9 @@ def planned_size(
     total = sum(f.size for f in sides)
     index_shards = []
     plane_total = 0
+    meta_json = _metadata_json(metadata.to_json())  # the same in every shard
     for number, (cursor, entries) in enumerate(zip(cursors, shards, strict=True), start=1):
-        frame = _header_frame(metadata, sides, ShardInfo(number, count))
+        frame = _header_frame(meta_json, sides, ShardInfo(number, count))
         size = cursor + len(frame) + json_sizes[number - 1] + len(b"]}")
         total += size
         index_shards.append(IndexShard(shard_name(number, count), size, _DIGEST_PLACEHOLDER))

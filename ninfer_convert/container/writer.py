@@ -57,6 +57,7 @@ from typing import Any
 from .._startup import pause_point
 from ..errors import ResourceError, UsageError
 from .checks import check_tensor_geometry
+from .metadata_json import metadata_json
 from .placement import (
     INDEX_VERSION,
     PlannedEntry,
@@ -212,7 +213,8 @@ class ArtifactWriter(ShardWriter):
             # the JSON form is built once and serves both the re-check and the encoding test.
             as_json = meta.to_json()
             meta = ArtifactMeta.from_json(as_json, "metadata")
-            canonical_json(as_json)
+            # The encoding test's bytes are what every shard header holds (commit).
+            encoded = metadata_json(as_json)
         except SchemaError as exc:
             raise _usage(exc, "artifact metadata") from None
         except (TypeError, ValueError) as exc:
@@ -221,6 +223,7 @@ class ArtifactWriter(ShardWriter):
             raise UsageError(
                 f"metadata alignment {meta.alignment} differs from the writer's {self.alignment}"
             )
+        self._metadata_json = encoded
         return meta
 
     def set_metadata(self, metadata: ArtifactMeta | Mapping[str, Any]) -> None:
@@ -391,6 +394,7 @@ class ArtifactWriter(ShardWriter):
                 files,
                 ShardInfo(shard.number, count),
                 [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)],
+                metadata_json=self._metadata_json,
             )
             if len(raw) > MAX_HEADER_BYTES:
                 raise UsageError(
