@@ -34,7 +34,9 @@ _KEYS = {"digest": 0, "dtype": 0, "shape": 0}.keys()
 def metadata_json(value: Any) -> bytes:
     """``canonical_json(value)`` of an artifact metadata value (see the module contract)."""
     source = value.get("source") if type(value) is dict else None
-    tensors = source.get("tensors") if type(source) is dict else None
+    if type(source) is not dict:
+        return canonical_json(value)
+    tensors = source.get("tensors")
     if type(tensors) is not dict or not tensors:
         return canonical_json(value)
     body = _tensors_json(tensors)
