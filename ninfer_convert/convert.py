@@ -89,7 +89,7 @@ from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import PlannedEntry, Reservation, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .convert_tensors import RunnerResult, Tally, TensorRunner
-from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
+from .derive import PackedTensor, derive_packed, provenances, resolve_device
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
 from .errors import EncodeError, UsageError
@@ -137,7 +137,7 @@ def plan_conversion(
 def _provenances(plan: Plan) -> dict[str, Provenance]:
     """Every entry's parsed provenance, built once per conversion (the size plan and the
     writer both take it as is)."""
-    return {e.output: provenance_of(e) for e in plan.entries}
+    return provenances(plan.entries)
 
 
 # Files convert makes beside the artifact that its header does not list: --force replaces them.
