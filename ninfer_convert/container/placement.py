@@ -166,13 +166,18 @@ class PlannedEntry(NamedTuple):
     def placed_as(self, entry: TensorEntry) -> bool:
         """Whether ``entry`` is this one but for its planes' digests."""
         planes = entry.planes
-        return (
-            len(self.pieces) == len(planes) + 1
+        if len(self.pieces) != len(planes) + 1 or len(planes) != len(self.planes):
+            return False
+        if not (
+            (entry.provenance is self.provenance or entry.provenance == self.provenance)
             and (entry.name, entry.format, entry.layout, entry.shape, entry.physical, entry.role)
             == self[:6]
-            and (entry.provenance is self.provenance or entry.provenance == self.provenance)
-            and [(p.name, p.offset, p.nbytes) for p in planes] == list(self.planes)
-        )
+        ):
+            return False
+        for p, (name, offset, nbytes) in zip(planes, self.planes, strict=True):
+            if p.offset != offset or p.nbytes != nbytes or p.name != name:
+                return False
+        return True
 
     def filled(self, entry: TensorEntry) -> bytes:
         """:func:`entry_json` of ``entry``, which must be :meth:`placed_as` this one."""
