@@ -187,6 +187,10 @@ def _template(entry: TensorEntry) -> Template | None:
     return pieces, slots
 
 
+# The slots of an entry of one plane and one source (keys sorted: name, planes, provenance).
+_ONE_PLANE_ONE_SOURCE = (("name", 0), ("offset", 0), ("source", 0))
+
+
 def _fill(template: Template, entry: TensorEntry) -> bytes:
     offsets = [p.offset for p in entry.planes]
     return fill(template, entry.name, offsets, [s.name for s in entry.provenance.sources])
@@ -197,8 +201,14 @@ def fill(template: Template, name: str, offsets: Sequence[int], sources: Sequenc
     these source names (exact ``str`` and ``int`` values: the caller's to check), without
     building the entry: ``EntryTemplates.encode`` of it."""
     pieces, slots = template
-    out = [pieces[0]]
     name_json = _encode_str(name).encode("utf-8")
+    if slots == _ONE_PLANE_ONE_SOURCE:  # most entries: no loop
+        source = sources[0]
+        source_json = name_json if source == name else _encode_str(source).encode("utf-8")
+        offset = str(offsets[0]).encode("ascii")
+        return b"".join((pieces[0], name_json, pieces[1], offset, pieces[2], source_json,
+                         pieces[3]))  # fmt: skip
+    out = [pieces[0]]
     for (what, i), piece in zip(slots, pieces[1:], strict=True):
         if what == "offset":
             out.append(str(offsets[i]).encode("ascii"))
