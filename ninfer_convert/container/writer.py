@@ -389,11 +389,15 @@ class ArtifactWriter(ShardWriter):
         for shard in self._shards:
             self._finish_payload(shard)
             known = shard.entry_json
+            if list(known) == list(range(len(shard.tensors))):  # every entry planned, in order
+                entries = list(known.values())
+            else:
+                entries = [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)]
             raw = header_json(
                 self._metadata,
                 files,
                 ShardInfo(shard.number, count),
-                [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)],
+                entries,
                 metadata_json=self._metadata_json,
             )
             if len(raw) > MAX_HEADER_BYTES:
@@ -419,9 +423,10 @@ class ArtifactWriter(ShardWriter):
             os.replace(shard.path, self.staging / final)
             size = shard.cursor + len(raw)
             index_shards.append(IndexShard(final, size, digest.hex()))
-            for t in shard.tensors:
-                weight_map[t.name] = final
-                total += sum(p.nbytes for p in t.planes)
+            if count > 1:  # the index's: a single file has none
+                for t in shard.tensors:
+                    weight_map[t.name] = final
+                    total += sum(p.nbytes for p in t.planes)
         if count > 1:
             index = IndexFile(INDEX_VERSION, total, tuple(index_shards), weight_map)
             with open(self.staging / INDEX_NAME, "wb") as fh:
