@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..errors import NinferError, UsageError
 from ..formats import lookup_format
@@ -342,12 +342,21 @@ def planned_size(
                 shards.append([])
                 json_sizes.append(0)
                 offsets, end = _placement(PRELUDE_SIZE, sizes, alignment)
-            assert isinstance(provenance, Provenance)  # _fast_key admits no other
-            raw = fill(kind.template, name, offsets, (provenance.sources[0].name,))
+            prov = cast(Provenance, provenance)  # _fast_key admits no other
+            raw = fill(kind.template, name, offsets, (prov.sources[0].name,))
             if planned is not None:
-                planes = tuple(zip(kind.plane_names, offsets, sizes, strict=True))
-                planned[name] = _planned(name, fmt_name, kind.layout, kind.dims, kind.physical,
-                                         role, provenance, planes, raw)  # fmt: skip
+                planes: tuple[tuple[str, int, int], ...]
+                if len(sizes) == 1:
+                    planes = ((kind.plane_names[0], offsets[0], sizes[0]),)
+                else:
+                    planes = tuple(zip(kind.plane_names, offsets, sizes, strict=True))
+                pieces = tuple(raw.split(_PLACEHOLDER_MARK))
+                if len(pieces) != len(planes) + 1:
+                    pieces = ()
+                # tuple.__new__: the generated __new__'s call per entry cost a microsecond.
+                planned[name] = tuple.__new__(PlannedEntry, (
+                    name, fmt_name, kind.layout, kind.dims, kind.physical, role, prov, planes,
+                    pieces))  # fmt: skip
         else:
             key = _geometry_key(fmt_name, shape)
             known = None if key is None else geometry.get(key)
