@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .artifact_metadata import artifact_metadata
+from .artifact_metadata import artifact_metadata, planned_metadata_size
 from .card import (
     README_NAME,
     SOURCE_README_NAME,
@@ -184,7 +184,6 @@ def planned_output_bytes(
     (convert builds each once: the card's cost notes walk every entry); ``planned`` receives
     the planned header entries (for the writer: see ``ArtifactWriter(planned=...)``)."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
-    placeholder = {name: SOURCE_DIGEST_PREFIX + "0" * 32 for name in digested}
     side_files = copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
     # The card is deterministic: the same text convert writes.
@@ -194,7 +193,10 @@ def planned_output_bytes(
     sizes += [(name, size) for name, size, _ in generated_files(plan)]
     total = planned_size(
         ((e.output, e.format, e.shape, e.role, provs[e.output]) for e in plan.entries),
-        metadata=artifact_metadata(plan, src, placeholder, alignment),
+        # Digests are fixed-length: placeholders give the final size.
+        metadata_size=planned_metadata_size(
+            plan, src, digested, SOURCE_DIGEST_PREFIX + "0" * 32, alignment
+        ),
         side_files=sizes,
         alignment=alignment,
         max_shard_size=max_shard_size,

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import enum
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from test_recipe_plan import make_source, plan_text
 
+from ninfer_convert.artifact_metadata import artifact_metadata, planned_metadata_size
 from ninfer_convert.container import metadata_json as mj
+from ninfer_convert.container.schema import ArtifactMeta
 from ninfer_convert.container.wire import canonical_json
 
 
@@ -94,3 +99,30 @@ def test_metadata_json_raises_what_canonical_json_raises(value: Any, error: type
     with pytest.raises(error) as got:
         mj.metadata_json(value)
     assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("count", [0, 1, len(ODD_NAMES)])
+def test_source_tensors_size_is_the_maps_length(count: int) -> None:
+    digest = "xxh3-128:" + "0" * 32
+    dtypes = ["BF16", "F32", "é", 'q"']
+    tensors = [(n, dtypes[i % 4], (i,) * (i % 3)) for i, n in enumerate(ODD_NAMES[:count])]
+    whole = {n: {"digest": digest, "dtype": t, "shape": list(s)} for n, t, s in tensors}
+    assert mj.source_tensors_size(tensors, digest) == len(canonical_json(whole))
+
+
+def test_the_planned_metadata_size_is_the_written_metadatas(tmp_path: Path) -> None:
+    """The size plan's metadata length (no map built) is the length of the metadata the
+    writer checks and every shard header holds, real digests and all."""
+    from test_planned_header import NAMES  # names that need escaping, or look like JSON
+
+    tensors = {n: torch.ones(2, 3, dtype=torch.bfloat16) for n in NAMES[:6]}
+    tensors["skipped"] = torch.ones(1, dtype=torch.float32)
+    src = make_source(tmp_path / "m", tensors)
+    rules = "- skip: skipped\n  reason: r\n- match: 're:.*'\n  format: BF16\n  role: r\n"
+    plan = plan_text(rules, src)
+    digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
+    real = {name: f"xxh3-128:{i:032x}" for i, name in enumerate(sorted(digested))}
+    meta = ArtifactMeta.from_json(artifact_metadata(plan, src, real, 64), "metadata")
+    want = len(canonical_json(meta.to_json()))
+    assert planned_metadata_size(plan, src, digested, "xxh3-128:" + "0" * 32, 64) == want
+    assert len(meta.source.tensors) == len(tensors)

@@ -307,20 +307,27 @@ def place_tensors(
 def planned_size(
     tensors: Iterable[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]],
     *,
-    metadata: ArtifactMeta | Mapping[str, Any],
+    metadata: ArtifactMeta | Mapping[str, Any] | None = None,
     side_files: Iterable[tuple[str, int]],
     alignment: int = DEFAULT_ALIGNMENT,
     max_shard_size: int | None = None,
     planned: dict[str, PlannedEntry] | None = None,
+    metadata_size: int | None = None,
 ) -> int:
     """The exact bytes an artifact of these ``(name, format, shape, role, provenance)`` tensors
     and ``(name, size)`` side files takes (shards with preludes, gaps, planes and headers, the
     index, the side files), laid out by the writer's own rules.  ``metadata`` must have the
     final shape (digests are fixed-length, so placeholders give the same size).  ``planned``,
-    when given, receives every tensor's planned entry (for ``ArtifactWriter(planned=...)``)."""
+    when given, receives every tensor's planned entry (for ``ArtifactWriter(planned=...)``).
+    ``metadata_size`` instead of ``metadata``: the length of its canonical JSON, when the caller
+    knows it (:func:`~ninfer_convert.artifact_metadata.planned_metadata_size`)."""
     check_writer_alignment(alignment)
-    if isinstance(metadata, Mapping):
-        metadata = ArtifactMeta.from_json({**metadata, "alignment": alignment}, "metadata")
+    if metadata_size is None:
+        if metadata is None:
+            raise UsageError("planned_size needs the metadata or its size")
+        if isinstance(metadata, Mapping):
+            metadata = ArtifactMeta.from_json({**metadata, "alignment": alignment}, "metadata")
+        metadata_size = len(_metadata_json(metadata.to_json()))  # the same in every shard
     sides = tuple(SideFile(n, s, _DIGEST_PLACEHOLDER) for n, s in sorted(side_files))
     cursors = [PRELUDE_SIZE]
     shards: list[list[str]] = [[]]  # per shard: its tensors' names
@@ -404,10 +411,9 @@ def planned_size(
     count = len(shards)
     total = sum(f.size for f in sides)
     index_shards = []
-    meta_json = _metadata_json(metadata.to_json())  # the same in every shard
     for number, cursor in enumerate(cursors, start=1):
-        frame = _header_frame(meta_json, sides, ShardInfo(number, count))
-        size = cursor + len(frame) + json_sizes[number - 1] + len(b"]}")
+        frame = _header_frame(b"", sides, ShardInfo(number, count))  # all but the metadata
+        size = cursor + metadata_size + len(frame) + json_sizes[number - 1] + len(b"]}")
         total += size
         index_shards.append(IndexShard(shard_name(number, count), size, _DIGEST_PLACEHOLDER))
     if count > 1:
