@@ -304,6 +304,8 @@ def place_tensors(
     return placed
 
 
+# The fast path is inline: a helper call per tensor cost about as much as it saves.
+# long: one loop per tensor over the shard state, the fast path and the whole-entry path
 def planned_size(
     tensors: Iterable[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]],
     *,
