@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, cast
 
 from ..errors import NinferError, UsageError
 from ..formats import lookup_format
+from ..jsonfields.objects import _maker
 from ..layouts import Layout, PlaneSpec, check_combination
 from .checks import check_alignment
 from .entry_template import MAX_TEMPLATES, EntryTemplates, Template, fill
@@ -139,6 +140,11 @@ def header_json(
     return b"".join((_header_frame(meta, files, shard), b",".join(entries), b"]}"))
 
 
+# The compiled decoders' slot fillers: instances equal to the classes' own (see _maker).
+_make_entry = _maker(TensorEntry)
+_make_plane = _maker(PlaneEntry)
+
+
 class PlannedEntry(NamedTuple):
     """A tensor entry :func:`planned_size` planned (placeholder digests) and its canonical JSON
     split at those digests (:meth:`filled`); ``pieces`` is empty when the split is not one
@@ -158,10 +164,13 @@ class PlannedEntry(NamedTuple):
 
     @property
     def entry(self) -> TensorEntry:
-        """The planned entry, its digests placeholders."""
-        planes = tuple(PlaneEntry(n, o, b, _DIGEST_PLACEHOLDER) for n, o, b in self.planes)
-        return TensorEntry(self.name, self.format, self.layout, self.shape, self.physical,
-                           planes, self.role, self.provenance)  # fmt: skip
+        """The planned entry, its digests placeholders (built on each use: read ``role`` and
+        ``provenance`` directly)."""
+        planes = tuple(_make_plane(n, o, b, _DIGEST_PLACEHOLDER) for n, o, b in self.planes)
+        values = (self.name, self.format, self.layout, self.shape, self.physical, planes,
+                  self.role, self.provenance)  # fmt: skip
+        entry: TensorEntry = _make_entry(*values)
+        return entry
 
     def placed_as(self, entry: TensorEntry) -> bool:
         """Whether ``entry`` is this one but for its planes' digests."""
