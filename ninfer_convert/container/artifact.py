@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import mmap
 import os
 import types
 from collections.abc import Iterator, Mapping
@@ -322,6 +323,15 @@ class Artifact:
             f"tensor has no plane {plane!r}; it has {[p.name for p in info.planes]}",
             tensor=name,
         )
+
+    def mapping_of(self, name: str) -> mmap.mmap:
+        """The read-only map of the file that stores ``name`` (valid until :meth:`close`), for
+        a check that slices many tiny planes itself (a :meth:`plane_buffer` per plane cost
+        more than a one-element tensor's comparison)."""
+        c = self._owner[self._info(name).name]
+        if c.mm is None:
+            raise UsageError("the artifact is closed", path=str(c.path))
+        return c.mm
 
     def _decode_error(self, info: TensorInfo, exc: NinferError) -> ArtifactError:
         return ArtifactError(f"cannot decode: {exc.message}", path=str(info.file), tensor=info.name)

@@ -52,6 +52,8 @@ Contract:
   of the named small tensors take their bytes from one ``pread`` per run of neighbouring
   tensors, the size checked before each such ``pread``; the same words, digests and errors
   as reading them one by one (a run that fails is left to :meth:`SourceCheckpoint.read`).
+  :meth:`SourceCheckpoint.preread_bytes` returns those runs' raw bytes per tensor instead
+  (verify checks a batch of direct copies with them).
 """
 
 from __future__ import annotations
@@ -245,14 +247,23 @@ class SourceCheckpoint:
         that cannot be read whole (an error, a changed size, a short read) is left to
         :meth:`read`, which reports it for its tensor; bytes not read by the end are
         dropped."""
-        runs: dict[str, memoryview] = {}
-        for file, members in self._preread_runs(names):
-            runs.update(self._read_run(file, members))
+        runs = self.preread_bytes(names)
         outer, self._pre.runs = getattr(self._pre, "runs", None), runs
         try:
             yield
         finally:
             self._pre.runs = outer
+
+    def preread_bytes(self, names: Iterable[str]) -> dict[str, memoryview]:
+        """The raw bytes of the small tensors of ``names`` that :meth:`preread` reads ahead, by
+        tensor name (the same runs, one ``pread`` each, the file's size checked before it); a
+        tensor missing from the result (a run that failed, a tensor alone in its run, a large
+        one) is left to :meth:`read`.  For callers that check many small tensors' bytes as one
+        unit (``verify``'s direct copies); the bytes are not digested here."""
+        runs: dict[str, memoryview] = {}
+        for file, members in self._preread_runs(names):
+            runs.update(self._read_run(file, members))
+        return runs
 
     def _preread_runs(self, names: Iterable[str]) -> Iterator[tuple[str, list[SourceTensorInfo]]]:
         """The small tensors of ``names`` grouped into runs of one file, by offset."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..container import Artifact
 from ..readahead import CHUNK, read_ahead
 from ..scheduler import Batch, ByteBudget, batches, bounded, inflight_budget, worker_pool
+from .copy_runs import checked_copies
 from .report import Finding
 from .tensor_checks import (
     SourceContext,
@@ -109,6 +110,11 @@ class _TensorWork:
         self.emit("tensors", next(self.done), self.total, name)
         return result
 
+    def checked(self, outcome: TensorOutcome) -> TensorOutcome:
+        """Report the progress of a tensor checked with its batch (:mod:`.copy_runs`)."""
+        self.emit("tensors", next(self.done), self.total, outcome.name)
+        return outcome
+
 
 def run_tensors(
     art: Artifact,
@@ -154,7 +160,13 @@ def run_tensors(
         def work_batch(task: tuple[int, Batch[str]]) -> list[TensorOutcome]:
             # One read-ahead top-up per batch: it requests every task up to this one.
             workers.ahead.started(task[0])
-            return [work(n) for n in task[1].items]
+            items = task[1].items
+            # The direct copies of the batch as one unit; every other tensor, and any copy
+            # that differs, on its own (so its findings are the per-tensor path's).
+            done = checked_copies(art, ctx, items) if ctx is not None and len(items) > 1 else {}
+            if not done:
+                return [work(n) for n in items]
+            return [work.checked(done[n]) if n in done else work(n) for n in items]
 
         if jobs == 1 or total <= 1:
             return [o for t in tasks for o in work_batch(t)]
