@@ -23,7 +23,9 @@ per-tensor path, with its exact text, and only for that tensor.
 from __future__ import annotations
 
 import functools
+import mmap
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..container import Artifact
@@ -84,41 +86,47 @@ def checked_copies(
     """The outcomes of the direct copies of ``names`` proven equal (see the module contract)."""
     entries, source, recorded = ctx.entries, ctx.source, ctx.recorded
     tensors, stored = art.tensors, source.tensors
-    # (name, source tensor, plane) of each candidate: everything the equalities need.
+    # (name, source tensor, plane, stored file) of each candidate: what the equalities need.
     candidates = []
     for name in names:
         entry = entries.get(name)
         if entry is None or not copy_entry(entry):
             continue
         src = entry.sources[0]
-        sinfo = stored.get(src.name)
+        sname = src.name
+        sinfo = stored.get(sname)
         if (
             sinfo is None
             or sinfo.dtype != src.dtype
             or sinfo.shape != src.shape
             or not 0 < sinfo.nbytes <= SMALL_READ_BYTES
-            or src.name not in recorded
+            or sname not in recorded
         ):
             continue
-        planes = tensors[name].planes
-        if len(planes) != 1 or (planes[0].nbytes,) != _plane_sizes(entry.format, entry.shape):
+        info = tensors[name]
+        planes = info.planes
+        if len(planes) != 1 or planes[0].nbytes != sinfo.nbytes:
             continue
-        if planes[0].nbytes != sinfo.nbytes:
+        if (sinfo.nbytes,) != _plane_sizes(entry.format, entry.shape):
             continue
-        candidates.append((name, src.name, planes[0]))
+        candidates.append((name, sinfo, planes[0], info.file))
     if len(candidates) < 2:
         return {}
-    raw = source.preread_bytes({c[1]: None for c in candidates})
+    raw = source.preread_bytes(c[1] for c in candidates)
     done: dict[str, TensorOutcome] = {}
-    for name, sname, plane in candidates:
-        b = raw.get(sname)
+    maps: dict[Path, mmap.mmap] = {}
+    for name, sinfo, plane, file in candidates:
+        b = raw.get(sinfo.name)
         if b is None:
             continue
         h = digest_hex(b)
-        if h != plane.digest or SOURCE_DIGEST_PREFIX + h != recorded[sname]:
+        if h != plane.digest or SOURCE_DIGEST_PREFIX + h != recorded[sinfo.name]:
             continue
+        mm = maps.get(file)
+        if mm is None:
+            mm = maps[file] = art.mapping_of(name)
         offset = plane.offset
-        if art.mapping_of(name)[offset : offset + plane.nbytes] != b:
+        if mm[offset : offset + plane.nbytes] != b:
             continue
         done[name] = TensorOutcome(name, integrity=[], compared=True)
     return done

@@ -22,9 +22,9 @@ import itertools
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..container import Artifact
+from ..formats import lookup_format
 from ..readahead import CHUNK, read_ahead
 from ..scheduler import Batch, ByteBudget, batches, bounded, inflight_budget, worker_pool
 from .copy_runs import checked_copies
@@ -32,43 +32,54 @@ from .report import Finding
 from .tensor_checks import (
     SourceContext,
     TensorOutcome,
-    blockwise,
     check_tensor,
     input_streams,
-    streamed,
 )
-
-if TYPE_CHECKING:
-    from ..recipe import PlanEntry
 
 __all__ = ["run_tensors"]
 
 Emit = Callable[[str, int, int, str | None], None]
 
 
-def _entry_of(ctx: SourceContext | None, name: str) -> PlanEntry | None:
-    return ctx.entries.get(name) if ctx is not None else None
+def _costs(
+    art: Artifact, ctx: SourceContext | None, names: list[str]
+) -> tuple[dict[str, int], dict[str, int], int]:
+    """Each tensor's admission cost, its stored plus source bytes, and the largest tensor's
+    bytes the budget is sized for; one pass, with each format looked up once (this runs for
+    every tensor before the first is checked).
 
-
-def _cost(art: Artifact, ctx: SourceContext | None, name: str) -> int:
-    # What the check allocates.  Nothing tensor-sized for a grouped tensor compared block
-    # by block straight from the mapped source (source and stored planes are mapped, not
-    # copied), so such tensors never wait for each other; one that differs reserves its
-    # source bytes before it is derived whole (``reserve`` in _TensorWork).  Convert's measure
-    # (source bytes) for any other re-derived tensor; the stored bytes for a tensor that
-    # is only decoded.
-    entry = _entry_of(ctx, name)
-    if entry is None:
-        return art.tensors[name].nbytes
-    assert ctx is not None
-    if streamed(entry) or (blockwise(ctx, entry) and input_streams(entry)):
-        return 0
-    return entry.source_bytes
-
-
-def _source_bytes(ctx: SourceContext | None, name: str) -> int:
-    entry = _entry_of(ctx, name)
-    return entry.source_bytes if entry is not None else 0
+    The cost is what the check allocates.  Nothing tensor-sized for a direct format or a copy
+    path (streamed), or for a grouped tensor compared block by block on the host straight
+    from the mapped source (source and stored planes are mapped, not copied), so such tensors
+    never wait for each other; one that differs reserves its source bytes before it is
+    derived whole (``reserve`` in _TensorWork).  Convert's measure (source bytes) for any
+    other re-derived tensor; the stored bytes for a tensor that is only decoded."""
+    costs: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    largest = 0
+    tensors = art.tensors
+    entries = ctx.entries if ctx is not None else {}
+    on_host = ctx is not None and ctx.device == "cpu"
+    grouped: dict[str, bool] = {}
+    for n in names:
+        stored = tensors[n].nbytes
+        entry = entries.get(n)
+        if entry is None:
+            cost, source_bytes = stored, 0
+        else:
+            source_bytes = entry.source_bytes
+            fmt = entry.format
+            is_grouped = grouped.get(fmt)
+            if is_grouped is None:
+                is_grouped = grouped[fmt] = lookup_format(fmt).is_grouped
+            free = entry.copy is not None or not is_grouped or (on_host and input_streams(entry))
+            cost = 0 if free else source_bytes
+        costs[n] = cost
+        sizes[n] = stored + source_bytes
+        # Sized for the largest tensor whatever its admission cost: a block-compared tensor
+        # that differs reserves its source bytes later.
+        largest = max(largest, cost, source_bytes)
+    return costs, sizes, largest
 
 
 class _TensorWork:
@@ -125,16 +136,7 @@ def run_tensors(
 ) -> list[TensorOutcome]:
     total = len(names)
     emit("tensors", 0, total, None)
-    costs: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    largest = 0
-    for n in names:
-        cost, source_bytes = _cost(art, ctx, n), _source_bytes(ctx, n)
-        costs[n] = cost
-        sizes[n] = art.tensors[n].nbytes + source_bytes
-        # Sized for the largest tensor whatever its admission cost: a block-compared tensor
-        # that differs reserves its source bytes later.
-        largest = max(largest, cost, source_bytes)
+    costs, sizes, largest = _costs(art, ctx, names)
     budget = ByteBudget(inflight_budget(largest))
     work = _TensorWork(art, ctx, costs, budget, total, emit)
     tasks = list(enumerate(batches(names, lambda n: max(costs[n], sizes[n]))))
@@ -189,25 +191,42 @@ def _prefetch(art: Artifact, ctx: SourceContext | None, names: tuple[str, ...]) 
     because the stored order need not be the source's: a batch of names in stored order reads
     scattered source bytes, and merging only back-to-back ranges left one request per tensor."""
     spans: dict[Path, list[tuple[int, int]]] = {}
-    paths: dict[str, Path] = {}
+    tensors = art.tensors
+    # Consecutive tensors are mostly in one file: its list is looked up when the file changes.
+    file: Path | None = None
+    ranges: list[tuple[int, int]] = []
     for name in names:
-        info = art.tensors[name]
+        info = tensors[name]
         planes = info.planes
-        if planes:
-            start = min(p.offset for p in planes) if len(planes) > 1 else planes[0].offset
-            end = max(p.offset + p.nbytes for p in planes)
-            spans.setdefault(info.file, []).append((start, end))
-        entry = ctx.entries.get(name) if ctx is not None else None
-        if entry is not None:
-            assert ctx is not None
-            source = ctx.source
+        if not planes:
+            continue
+        if info.file is not file:  # identity: equal paths only cost a second lookup
+            file = info.file
+            ranges = spans.setdefault(file, [])
+        if len(planes) == 1:
+            p = planes[0]
+            ranges.append((p.offset, p.offset + p.nbytes))
+        else:
+            ranges.append((min(p.offset for p in planes), max(p.offset + p.nbytes for p in planes)))
+    if ctx is not None:
+        entries, source = ctx.entries, ctx.source
+        stored = source.tensors
+        paths: dict[str, Path] = {}
+        current: str | None = None
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                continue
             for s in entry.sources:
-                t = source.tensors.get(s.name)
+                t = stored.get(s.name)
                 if t is not None and t.nbytes:
-                    path = paths.get(t.file)
-                    if path is None:
-                        path = paths[t.file] = source.file_path(t.file)
-                    spans.setdefault(path, []).append((t.offset, t.offset + t.nbytes))
+                    if t.file is not current:
+                        current = t.file
+                        path = paths.get(current)
+                        if path is None:
+                            path = paths[current] = source.file_path(current)
+                        ranges = spans.setdefault(path, [])
+                    ranges.append((t.offset, t.offset + t.nbytes))
     for path, ranges in spans.items():
         ranges.sort()
         first, last = ranges[0]
