@@ -62,7 +62,8 @@ def _costs(
     on_host = ctx is not None and ctx.device == "cpu"
     grouped: dict[str, bool] = {}
     for n in names:
-        stored = tensors[n].nbytes
+        planes = tensors[n].planes
+        stored = planes[0].nbytes if len(planes) == 1 else sum(p.nbytes for p in planes)
         entry = entries.get(n)
         if entry is None:
             cost, source_bytes = stored, 0
@@ -78,7 +79,8 @@ def _costs(
         sizes[n] = stored + source_bytes
         # Sized for the largest tensor whatever its admission cost: a block-compared tensor
         # that differs reserves its source bytes later.
-        largest = max(largest, cost, source_bytes)
+        if cost > largest or source_bytes > largest:
+            largest = max(cost, source_bytes)
     return costs, sizes, largest
 
 
