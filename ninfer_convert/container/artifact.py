@@ -325,13 +325,9 @@ class Artifact:
         )
 
     def mapping_of(self, name: str) -> mmap.mmap:
-        """The read-only map of the file that stores ``name`` (valid until :meth:`close`), for
-        a check that slices many tiny planes itself (a :meth:`plane_buffer` per plane cost
-        more than a one-element tensor's comparison)."""
-        c = self._owner[self._info(name).name]
-        if c.mm is None:
-            raise UsageError("the artifact is closed", path=str(c.path))
-        return c.mm
+        """The read-only map of the file storing ``name``, valid until :meth:`close` (for checks
+        that slice many tiny planes: a :meth:`plane_buffer` each cost more than comparing)."""
+        return self._owner[self._info(name).name].mapping()
 
     def _decode_error(self, info: TensorInfo, exc: NinferError) -> ArtifactError:
         return ArtifactError(f"cannot decode: {exc.message}", path=str(info.file), tensor=info.name)
