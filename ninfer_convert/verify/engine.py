@@ -42,8 +42,11 @@ Contract of :func:`verify_artifact`:
   reader and compared word by word.  The stored planes and source bytes of the tensors ahead
   are read into the page cache in the background (:mod:`ninfer_convert.readahead`).
   Consecutive small tensors (:func:`ninfer_convert.scheduler.batches`, the scheduler convert
-  uses too) are checked one after the other by one worker task; each is still checked,
-  admitted and reported on its own.  At most
+  uses too) are checked by one worker task: its direct copies (:mod:`.copy_runs`: stored
+  words that are the source bytes as they are) as one unit, with one ``pread`` per run of
+  neighbouring source tensors and one digest per tensor for its source and plane digests;
+  any other tensor, and any copy that differs, one after the other on its own, so each
+  finding is the per-tensor path's, for its tensor.  At most
   :data:`~ninfer_convert.scheduler.MAX_INFLIGHT_ITEMS` tasks are submitted at a time.  Results
   are deterministic: findings are ordered by check, then by stored tensor order, whatever the
   scheduling.

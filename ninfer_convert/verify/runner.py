@@ -8,9 +8,11 @@ allocates (nothing for a tensor compared block by block from the mapped source o
 copy-path tensor, its source bytes for another re-derived tensor, its stored bytes for one
 only decoded), and a block-compared tensor that differs reserves its source bytes before it
 is derived whole; a tensor admitted at no cost never waits for the budget.  Consecutive small
-tensors run as one task (:func:`ninfer_convert.scheduler.batches`); the stored planes and
-source bytes of the tasks ahead are read into the page cache in the background (the window
-counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
+tensors run as one task (:func:`ninfer_convert.scheduler.batches`), whose direct copies are
+proven equal together (:func:`~.copy_runs.checked_copies`: the outcome
+:func:`~.tensor_checks.check_tensor` gives, or the tensor is checked on its own); the stored
+planes and source bytes of the tasks ahead are read into the page cache in the background (the
+window counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
 planes were not digested on the way has them digested here (``integrity``).
 ``emit('tensors', done, total, name)`` is called once before any tensor and once after each,
 from the worker threads.
@@ -141,10 +143,14 @@ def run_tensors(
     costs, sizes, largest = _costs(art, ctx, names)
     budget = ByteBudget(inflight_budget(largest))
     work = _TensorWork(art, ctx, costs, budget, total, emit)
-    tasks = list(enumerate(batches(names, lambda n: max(costs[n], sizes[n]))))
+    # A cost is 0, the source bytes or (not planned) the stored bytes, never above the size:
+    # the batches are cut by size.  A task's bytes are asked for by the read-ahead window more
+    # than once: summed once here.
+    tasks = list(enumerate(batches(names, sizes.__getitem__)))
+    task_sizes = [sum(map(sizes.__getitem__, batch.items)) for _, batch in tasks]
 
     def task_bytes(task: tuple[int, Batch[str]]) -> int:
-        return sum(sizes[n] for n in task[1].items)
+        return task_sizes[task[0]]
 
     def prefetch(task: tuple[int, Batch[str]]) -> None:
         _prefetch(art, ctx, task[1].items)
