@@ -85,11 +85,12 @@ from .card import (
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import check_destination, check_free_space, check_writable
 from .container.schema import Provenance, paused_gc
+from .container.shardfile import RunReservation
 from .container.wire import SOURCE_DIGEST_PREFIX
 from .container.writer import PlannedEntry, Reservation, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .convert_tensors import RunnerResult, Tally, TensorRunner
-from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
+from .derive import derive_packed, provenance_of, resolve_device
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
 from .errors import EncodeError, UsageError
@@ -362,53 +363,69 @@ def _write_tensors(
     tally: Tally,
 ) -> dict[str, str]:
     """Derive every entry into its reserved planes and complete them in plan order; returns
-    the digests of the source tensors read."""
+    the digests of the source tensors read.
+
+    A batch of small entries is reserved, derived and completed as runs
+    (:meth:`~.container.ArtifactWriter.reserve_run`: one reservation, buffer and write per
+    run of one shard, one task per batch); every other entry alone, by ``reserve`` and
+    ``complete`` (its planes in the file, filled through the reservation's sink)."""
     budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
     digests: dict[str, str] = {}
     cancel = threading.Event()
-    # Cold source reads of the entries ahead overlap the encoding (page cache only).
+    planned = list(batches(plan.entries, _source_bytes))
+    # Cold source reads of the batches ahead overlap the encoding (page cache only).
     with worker_pool(
-        plan.entries,
+        planned,
         jobs=jobs,
         thread_name="ninfer-encode",
-        key=_output_name,
-        nbytes=_source_bytes,
-        prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
+        key=_batch_key,
+        nbytes=_batch_bytes,
+        prefetch=partial(_prefetch, src),
     ) as workers:
-        reserved: deque[Reservation] = deque()
+        reserved: deque[list[Reservation | RunReservation]] = deque()  # per batch submitted
 
-        def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:
-            tasks: list[_Task] = []
-            for entry in batch.items:
-                # Deterministic per tensor, whatever the scheduling: which rows get
-                # spot-checked.
-                seed = zlib.crc32(entry.output.encode())
-                # The tensor's bytes get their final place now, in plan order; the worker
-                # writes its planes there a block at a time (file pages, not process
-                # memory).
-                res = writer.reserve(
-                    entry.output,
-                    entry.format,
-                    entry.shape,
-                    role=entry.role,
-                    provenance=provs[entry.output],
+        def submit(index: int) -> Future[_Done]:
+            batch = planned[index]
+            # One read-ahead top-up per batch: it requests every batch up to this one.
+            started = partial(workers.ahead.started, index)
+            if len(batch.items) > 1:  # small entries only (see batches)
+                todo = [(e.output, e.format, e.shape, e.role, provs[e.output])
+                        for e in batch.items]  # fmt: skip
+                runs: list[RunReservation] = []
+                at = 0
+                while at < len(todo):  # more than one run where a new shard starts inside
+                    runs.append(writer.reserve_run(todo[at:] if at else todo))
+                    at += len(runs[-1].names)
+                reserved.append(list(runs))
+                return workers.pool.submit(
+                    _guarded_runs, cancel, started, batch.items, runs, src, device, jobs
                 )
-                reserved.append(res)
-                tasks.append((entry, seed, res.planes, res.sink))
-            # One read-ahead top-up per batch: started() requests every entry up to the
-            # batch's last one.
-            started = partial(workers.started, batch)
-            return workers.pool.submit(_guarded, cancel, started, tasks, src, device, jobs)
+            (entry,) = batch.items
+            # The tensor's bytes get their final place now, in plan order; the worker writes
+            # its planes there a block at a time (file pages, not process memory).
+            res = writer.reserve(entry.output, entry.format, entry.shape, role=entry.role,
+                                 provenance=provs[entry.output])  # fmt: skip
+            reserved.append([res])
+            return workers.pool.submit(
+                _guarded, cancel, started, entry, res.planes, res.sink, src, device, jobs
+            )
 
-        window = bounded(batches(plan.entries, _source_bytes), submit, budget, _batch_bytes)
+        window = bounded(range(len(planned)), submit, budget, partial(_planned_bytes, planned))
         try:
-            for batch, fut in window:
-                results = fut.result()
-                for entry, packed in zip(batch.items, results, strict=True):
-                    digests.update(packed.source_digests)
-                    info = writer.complete(reserved.popleft())
-                    tally.completed(entry, packed, info.nbytes)
-                del results, packed  # drop their views of the reserved planes
+            for index, fut in window:
+                batch_digests, spot_rows = fut.result()
+                digests.update(batch_digests)
+                items = planned[index].items
+                at = 0
+                for unit in reserved.popleft():
+                    if isinstance(unit, RunReservation):
+                        writer.complete_run(unit)
+                        tally.stored_run(items[at : at + len(unit.sizes)], unit.sizes)
+                        at += len(unit.sizes)
+                    else:
+                        tally.stored(items[at], writer.complete(unit).nbytes)
+                        at += 1
+                tally.spot_rows += spot_rows
         except BaseException:
             cancel.set()
             raise
@@ -459,31 +476,71 @@ def _batch_bytes(batch: Batch[PlanEntry]) -> int:
     return batch.nbytes
 
 
-_Task = tuple[PlanEntry, int, list[npt.NDArray[np.uint8]], PlaneSink]
-"""One entry of a batch: the entry, its spot-check seed, its reserved planes and their sink."""
+def _batch_key(batch: Batch[PlanEntry]) -> str:
+    return batch.items[0].output
+
+
+def _planned_bytes(planned: list[Batch[PlanEntry]], index: int) -> int:
+    return planned[index].nbytes
+
+
+def _prefetch(src: SourceCheckpoint, batch: Batch[PlanEntry]) -> None:
+    src.prefetch([s.name for entry in batch.items for s in entry.sources])
+
+
+def _seed(entry: PlanEntry, device: str) -> int:
+    """Which rows of a GPU-encoded tensor get spot-checked: deterministic per tensor, whatever
+    the scheduling (the host paths check no rows, so they need no seed)."""
+    return 0 if device == "cpu" else zlib.crc32(entry.output.encode())
+
+
+_Done = tuple[dict[str, str], int]
+"""What a task did: the source digests it read and the rows it spot-checked."""
 
 
 def _guarded(
     cancel: threading.Event,
     started: Callable[[], None],
-    tasks: list[_Task],
+    entry: PlanEntry,
+    planes: list[npt.NDArray[np.uint8]],
+    sink: PlaneSink,
     source: SourceCheckpoint,
     device: str,
     threads: int,
-) -> list[PackedTensor]:
-    """Derive a batch's entries, in order, each into its reserved planes."""
+) -> _Done:
+    """Derive one entry into its reserved planes (through their sink)."""
     started()
-    out = []
+    if cancel.is_set():
+        raise EncodeError("conversion cancelled", tensor=entry.output)
+    packed = derive_packed(entry, source, device=device, threads=threads,
+                           seed=_seed(entry, device), out=planes, sink=sink)  # fmt: skip
+    return packed.source_digests, packed.spot_rows
+
+
+def _guarded_runs(
+    cancel: threading.Event,
+    started: Callable[[], None],
+    entries: tuple[PlanEntry, ...],
+    runs: list[RunReservation],
+    source: SourceCheckpoint,
+    device: str,
+    threads: int,
+) -> _Done:
+    """Derive a batch's entries, in order, into the planes of their runs."""
+    started()
+    digests: dict[str, str] = {}
+    spot = 0
+    todo = iter(entries)
     # A batch of small tensors is read with a few preads instead of two syscalls each (each
     # releasing and re-taking the GIL from the busy main thread).
-    with source.preread(s.name for task in tasks for s in task[0].sources):
-        for entry, seed, planes, sink in tasks:
-            if cancel.is_set():
-                raise EncodeError("conversion cancelled", tensor=entry.output)
-            out.append(
-                derive_packed(
-                    entry, source, device=device, threads=threads, seed=seed, out=planes,
-                    sink=sink,
-                )
-            )  # fmt: skip
-    return out
+    with source.preread(s.name for entry in entries for s in entry.sources):
+        for run in runs:
+            for planes in run.planes:
+                entry = next(todo)
+                if cancel.is_set():
+                    raise EncodeError("conversion cancelled", tensor=entry.output)
+                packed = derive_packed(entry, source, device=device, threads=threads,
+                                       seed=_seed(entry, device), out=planes)  # fmt: skip
+                digests.update(packed.source_digests)
+                spot += packed.spot_rows
+    return digests, spot

@@ -13,13 +13,12 @@ publish) stays :func:`~ninfer_convert.convert.convert_checkpoint`'s.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .container import ArtifactWriter
 from .convert_report import ProgressEvent
-from .derive import PackedTensor
 from .recipe import Plan, PlanEntry
 from .source import SourceCheckpoint
 
@@ -66,9 +65,16 @@ class Tally:
         self.written = 0
         self.spot_rows = 0
 
-    def completed(self, entry: PlanEntry, packed: PackedTensor, written: int) -> None:
-        self.spot_rows += packed.spot_rows
-        self.stored(entry, written)
+    def stored_run(self, entries: Sequence[PlanEntry], written: Sequence[int]) -> None:
+        """Consecutive tensors stored (``written[i]`` plane bytes each), in plan order: the
+        same counts and events as :meth:`stored` of each."""
+        if self.progress is not None:
+            for entry, nbytes in zip(entries, written, strict=True):
+                self.stored(entry, nbytes)
+            return
+        self.written += sum(written)
+        self.done += len(entries)
+        self.done_bytes += sum(e.source_bytes for e in entries)
 
     def stored(self, entry: PlanEntry, written: int) -> None:
         """One more tensor stored (``written`` plane bytes), in plan order."""

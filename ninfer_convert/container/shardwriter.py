@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import mmap
 import os
 from collections import deque
@@ -59,9 +60,17 @@ from .placement import (
     _starts_new_shard,
     check_writer_alignment,
 )
-from .schema import PlaneEntry, Provenance, SchemaError, TensorEntry
+from .schema import (
+    PlaneEntry,
+    Provenance,
+    SchemaError,
+    TensorEntry,
+    make_plane_entry,
+    make_tensor_entry,
+)
 from .shardfile import (
     Reservation,
+    RunReservation,
     WrittenTensor,
     _map_region,
     _PlaneSink,
@@ -77,8 +86,27 @@ _INLINE_BYTES = 256 << 10
 """A reserved tensor with at most this many plane bytes is filled in process memory and
 written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap) cost more than
 the tensor (20,000 one-element tensors: about 2 s of a 14 s convert)."""
+_IOV_MAX = 1024
+"""Buffers per ``pwritev`` (Linux's IOV_MAX)."""
 _INLINE_FLUSH = 1 << 20
 """Bytes of consecutive small tensors gathered before they are written (see _stage_inline)."""
+
+
+def _pwrite_all(fd: int, buffers: list[Any], offset: int) -> None:
+    """Write ``buffers`` back to back at ``offset`` (``pwritev`` in pieces of at most
+    :data:`_IOV_MAX` buffers; a short write's remainder with ``pwrite``)."""
+    for at in range(0, len(buffers), _IOV_MAX):
+        piece = buffers[at : at + _IOV_MAX]
+        want = sum(len(b) for b in piece)
+        done = os.pwritev(fd, piece, offset) if hasattr(os, "pwritev") else 0
+        if done < want:
+            rest = memoryview(b"".join(piece))
+            while done < want:
+                stored = os.pwrite(fd, rest[done:], offset + done)
+                if stored <= 0:  # no progress: retrying would spin forever
+                    raise OSError(errno.EIO, f"pwrite stored no bytes at offset {offset + done}")
+                done += stored
+        offset += want
 
 
 @contextlib.contextmanager
@@ -112,7 +140,9 @@ class ShardWriter(abc.ABC):
         self.max_shard_size = max_shard_size
         self._names: set[str] = set()
         self._shards: list[_Shard] = []
-        self._reserved: deque[Reservation] = deque()  # reserved, not yet completed, in order
+        self._reserved: deque[Reservation | RunReservation] = (
+            deque()
+        )  # reserved, not yet completed, in order
         self._reserved_names: set[str] = set()
         # (format, shape) -> (layout, dims, plane specs, physical extents) of shapes already
         # accepted, and the header-entry check's own cache: a MoE checkpoint repeats a few
@@ -230,24 +260,9 @@ class ShardWriter(abc.ABC):
         recorded until :meth:`complete`.  The file gets the same bytes as ``add_packed`` of
         the same planes: the gaps are zero (a hole or written zeros read the same)."""
         self._require_open()
-        key = _geometry_key(fmt_name, shape)
-        known = None if key is None else self._geometry.get(key)
-        layout = self._layout(fmt_name) if known is None else known[0]
-        prov = self._entry_checks(name, fmt_name, role, provenance)
-        if name in self._reserved_names:
-            raise UsageError("tensor added twice", tensor=name)
-        if known is None:
-            try:
-                dims = layout.check_shape(fmt_name, shape)
-            except NinferError as exc:
-                raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
-            with _naming(name):
-                specs: Sequence[PlaneSpec] = tuple(layout.planes(fmt_name, dims))
-                physical = layout.physical_extents(fmt_name, dims)
-            if key is not None:
-                self._geometry[key] = (layout, dims, specs, physical)
-        else:
-            _, dims, specs, physical = known
+        (layout, dims, specs, physical), prov = self._reserve_checks(
+            name, fmt_name, shape, role, provenance
+        )
         shard, offsets, end = self._place(specs)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
@@ -283,6 +298,162 @@ class ShardWriter(abc.ABC):
         self._reserved.append(res)
         self._reserved_names.add(name)
         return res
+
+    def _reserve_checks(
+        self,
+        name: str,
+        fmt_name: str,
+        shape: Sequence[int],
+        role: str,
+        provenance: Provenance | Mapping[str, Any],
+    ) -> tuple[_Geometry, Provenance]:
+        """Every check :meth:`reserve` makes of one tensor, in its order; returns its geometry
+        (layout, dims, plane specs, physical extents) and parsed provenance."""
+        key = _geometry_key(fmt_name, shape)
+        known = None if key is None else self._geometry.get(key)
+        layout = self._layout(fmt_name) if known is None else known[0]
+        prov = self._entry_checks(name, fmt_name, role, provenance)
+        if name in self._reserved_names:
+            raise UsageError("tensor added twice", tensor=name)
+        if known is None:
+            try:
+                dims = layout.check_shape(fmt_name, shape)
+            except NinferError as exc:
+                raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
+            with _naming(name):
+                specs: Sequence[PlaneSpec] = tuple(layout.planes(fmt_name, dims))
+                physical = layout.physical_extents(fmt_name, dims)
+            known = (layout, dims, specs, physical)
+            if key is not None:
+                self._geometry[key] = known
+        return known, prov
+
+    def reserve_run(
+        self, tensors: Sequence[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]]
+    ) -> RunReservation:
+        """Reserve consecutive ``(name, format, shape, role, provenance)`` tensors as one unit
+        (:class:`RunReservation`): the longest prefix of ``tensors`` (at least the first) that
+        lies in one shard, each tensor checked and placed as :meth:`reserve` places it
+        (``len(run.names)`` says how many were taken; reserve the rest with another call).
+        Their planes are views of one buffer in process memory, so a run is meant for small
+        tensors; :meth:`complete_run` records and writes them all.  A tensor refused leaves
+        the writer as it was before the call."""
+        self._require_open()
+        if not tensors:
+            raise UsageError("a run of reserved tensors needs at least one tensor")
+        names: list[str] = []
+        formats: list[str] = []
+        roles: list[str] = []
+        provs: list[Provenance] = []
+        geometry: list[_Geometry] = []
+        offsets: list[list[int]] = []
+        taken: set[str] = set()
+        shard: _Shard | None = None
+        cursor = 0
+        alignment, max_shard = self.alignment, self.max_shard_size
+        for name, fmt_name, shape, role, provenance in tensors:
+            known, prov = self._reserve_checks(name, fmt_name, shape, role, provenance)
+            if name in taken:
+                raise UsageError("tensor added twice", tensor=name)
+            sizes = [spec.nbytes for spec in known[2]]
+            if shard is None:
+                shard, offs, cursor = self._place(known[2])  # may start a new shard
+            else:
+                offs, end = _placement(cursor, sizes, alignment)
+                if _starts_new_shard(True, end, max_shard):
+                    break  # the rest starts the next shard: another run
+                cursor = end
+            taken.add(name)
+            names.append(name)
+            formats.append(fmt_name)
+            roles.append(role)
+            provs.append(prov)
+            geometry.append(known)
+            offsets.append(offs)
+        assert shard is not None
+        run = RunReservation(shard, names, formats, roles, provs, geometry, offsets, cursor)
+        shard.cursor = cursor
+        self._reserved.append(run)
+        self._reserved_names.update(names)
+        return run
+
+    def complete_run(self, run: RunReservation) -> list[TensorEntry]:
+        """Record a filled run (the oldest reservation not completed) and write its bytes:
+        every tensor's padding is checked, its plane digests taken from the stored bytes and
+        its header entry checked as :meth:`complete` does, then the run reaches the file in
+        one write (with the zero gaps between its planes); returns the header entries."""
+        self._require_open()
+        if not self._reserved or self._reserved[0] is not run:
+            raise UsageError("reservations must be completed in the order they were made",
+                             tensor=run.name)  # fmt: skip
+        entries: list[TensorEntry] = []
+        checked = self._checked
+        plane, tensor = make_plane_entry, make_tensor_entry
+        for name, fmt_name, role, prov, (layout, dims, specs, physical), offs, planes in zip(
+            run.names, run.formats, run.roles, run.provenances, run.geometry, run.offsets,
+            run.planes, strict=True,
+        ):  # fmt: skip
+            require_canonical_padding(layout, fmt_name, dims, planes, name)
+            entry = tensor(
+                name, fmt_name, layout.name, dims, physical,
+                tuple(plane(spec.name, offset, spec.nbytes, digest_hex(view.data))
+                      for spec, offset, view in zip(specs, offs, planes, strict=True)),
+                role, prov,
+            )  # fmt: skip
+            check_tensor_geometry(entry, f"tensor {name!r}", checked)
+            entries.append(entry)
+        try:
+            self._flush_inline()  # queued single tensors first: their range ends before ours
+            self._write_run(run)
+        except OSError as exc:
+            self.abort()
+            raise self._resource(exc, f"writing tensor {run.name!r} to the staging area") from None
+        self._reserved.popleft()
+        self._reserved_names.difference_update(run.names)
+        run.release()
+        shard = run.shard
+        base = len(shard.tensors)
+        planned_of = self._planned.get
+        for i, entry in enumerate(entries):
+            if (planned := planned_of(entry.name)) is not None and planned.placed_as(entry):
+                shard.entry_json[base + i] = planned.filled(entry)
+        shard.tensors.extend(entries)
+        self._names.update(run.names)
+        _start_writeback(shard, run.end)
+        pause_point("staging")
+        return entries
+
+    def _write_run(self, run: RunReservation) -> None:
+        """The run's planes at their offsets, the gaps between them as zeros: one ``pwritev``
+        (a few for a run of more than 512 planes) through the shard's descriptor."""
+        iov: list[Any] = []
+        cursor = -1
+        zeros = memoryview(_ZEROS)
+        start = -1
+        for offs, planes in zip(run.offsets, run.planes, strict=True):
+            for offset, view in zip(offs, planes, strict=True):
+                if cursor < 0:
+                    start = cursor = offset
+                gap = offset - cursor
+                while gap:  # views of one zero block, so a wide alignment allocates nothing
+                    step = min(gap, len(zeros))
+                    iov.append(zeros[:step])
+                    gap -= step
+                iov.append(view.data)
+                cursor = offset + view.size
+        if start < 0 or cursor == start:
+            return
+        shard = run.shard
+        handle = shard.handle
+        if handle is not None:  # its buffered bytes first: they lie before the run
+            handle.flush()
+            _pwrite_all(handle.fileno(), iov, start)
+        else:  # the shard was finished while these tensors were in flight
+            fd = os.open(shard.path, os.O_WRONLY)
+            try:
+                _pwrite_all(fd, iov, start)
+            finally:
+                os.close(fd)
 
     def _sink_error(self, name: str, exc: OSError) -> ResourceError:
         # Raised in a worker; the conversion's unwinding aborts the writer (its __exit__).
