@@ -91,6 +91,7 @@ from .container.writer import PlannedEntry, Reservation, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .convert_tensors import RunnerResult, Tally, TensorRunner
 from .derive import derive_packed, provenance_of, resolve_device
+from .derive.entry import derive_into
 from .derive.fused import PlaneSink
 from .encoder.parity import cuda_parity_gate
 from .errors import EncodeError, UsageError
@@ -539,8 +540,8 @@ def _guarded_runs(
                 entry = next(todo)
                 if cancel.is_set():
                     raise EncodeError("conversion cancelled", tensor=entry.output)
-                packed = derive_packed(entry, source, device=device, threads=threads,
-                                       seed=_seed(entry, device), out=planes)  # fmt: skip
-                digests.update(packed.source_digests)
-                spot += packed.spot_rows
+                read, rows = derive_into(entry, source, planes, device=device,
+                                         threads=threads, seed=_seed(entry, device))  # fmt: skip
+                digests.update(read)
+                spot += rows
     return digests, spot
