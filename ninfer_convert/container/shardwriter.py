@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import errno
 import mmap
 import os
 from collections import deque
@@ -47,6 +46,7 @@ from ..layouts.base import plane_u8
 from ..logical import LogicalTensor
 from .checks import (
     GeometryCache,
+    check_entries_geometry,
     check_provenance,
     check_tensor_geometry,
     check_tensor_name,
@@ -86,27 +86,12 @@ _INLINE_BYTES = 256 << 10
 """A reserved tensor with at most this many plane bytes is filled in process memory and
 written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap) cost more than
 the tensor (20,000 one-element tensors: about 2 s of a 14 s convert)."""
-_IOV_MAX = 1024
-"""Buffers per ``pwritev`` (Linux's IOV_MAX)."""
 _INLINE_FLUSH = 1 << 20
 """Bytes of consecutive small tensors gathered before they are written (see _stage_inline)."""
 
 
-def _pwrite_all(fd: int, buffers: list[Any], offset: int) -> None:
-    """Write ``buffers`` back to back at ``offset`` (``pwritev`` in pieces of at most
-    :data:`_IOV_MAX` buffers; a short write's remainder with ``pwrite``)."""
-    for at in range(0, len(buffers), _IOV_MAX):
-        piece = buffers[at : at + _IOV_MAX]
-        want = sum(len(b) for b in piece)
-        done = os.pwritev(fd, piece, offset) if hasattr(os, "pwritev") else 0
-        if done < want:
-            rest = memoryview(b"".join(piece))
-            while done < want:
-                stored = os.pwrite(fd, rest[done:], offset + done)
-                if stored <= 0:  # no progress: retrying would spin forever
-                    raise OSError(errno.EIO, f"pwrite stored no bytes at offset {offset + done}")
-                done += stored
-        offset += want
+def _where(entry: TensorEntry) -> str:
+    return f"tensor {entry.name!r}"
 
 
 @contextlib.contextmanager
@@ -260,7 +245,7 @@ class ShardWriter(abc.ABC):
         recorded until :meth:`complete`.  The file gets the same bytes as ``add_packed`` of
         the same planes: the gaps are zero (a hole or written zeros read the same)."""
         self._require_open()
-        (layout, dims, specs, physical), prov = self._reserve_checks(
+        (_, dims, specs, physical), prov = self._reserve_checks(
             name, fmt_name, shape, role, provenance
         )
         shard, offsets, end = self._place(specs)
@@ -387,7 +372,6 @@ class ShardWriter(abc.ABC):
             raise UsageError("reservations must be completed in the order they were made",
                              tensor=run.name)  # fmt: skip
         entries: list[TensorEntry] = []
-        checked = self._checked
         plane, tensor = make_plane_entry, make_tensor_entry
         for name, fmt_name, role, prov, (layout, dims, specs, physical), offs, planes in zip(
             run.names, run.formats, run.roles, run.provenances, run.geometry, run.offsets,
@@ -400,8 +384,8 @@ class ShardWriter(abc.ABC):
                       for spec, offset, view in zip(specs, offs, planes, strict=True)),
                 role, prov,
             )  # fmt: skip
-            check_tensor_geometry(entry, f"tensor {name!r}", checked)
             entries.append(entry)
+        check_entries_geometry(entries, _where, self._checked)
         try:
             self._flush_inline()  # queued single tensors first: their range ends before ours
             self._write_run(run)
@@ -424,8 +408,7 @@ class ShardWriter(abc.ABC):
         return entries
 
     def _write_run(self, run: RunReservation) -> None:
-        """The run's planes at their offsets, the gaps between them as zeros: one ``pwritev``
-        (a few for a run of more than 512 planes) through the shard's descriptor."""
+        """The run's planes at their offsets, the gaps between them as zeros, in one write."""
         iov: list[Any] = []
         cursor = -1
         zeros = memoryview(_ZEROS)
@@ -443,15 +426,21 @@ class ShardWriter(abc.ABC):
                 cursor = offset + view.size
         if start < 0 or cursor == start:
             return
+        data = b"".join(iov)
         shard = run.shard
         handle = shard.handle
-        if handle is not None:  # its buffered bytes first: they lie before the run
+        if handle is not None:  # through the shard's own handle, as every other write
+            handle.seek(start)
+            handle.write(data)
             handle.flush()
-            _pwrite_all(handle.fileno(), iov, start)
+            handle.seek(shard.cursor)
         else:  # the shard was finished while these tensors were in flight
             fd = os.open(shard.path, os.O_WRONLY)
             try:
-                _pwrite_all(fd, iov, start)
+                rest = memoryview(data)
+                done = 0
+                while done < len(rest):
+                    done += os.pwrite(fd, rest[done:], start + done)
             finally:
                 os.close(fd)
 
