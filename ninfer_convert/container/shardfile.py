@@ -182,8 +182,8 @@ class RunReservation:
     Why one unit: one reservation object, buffer, task and write per run instead of per tensor
     (their Python objects cost more than a one-element tensor's bytes)."""
 
-    __slots__ = ("buffer", "end", "formats", "geometry", "names", "offsets", "planes",
-                 "provenances", "roles", "shard", "sizes")  # fmt: skip
+    __slots__ = ("buffer", "end", "formats", "geometry", "names", "offsets", "plane_offsets",
+                 "plane_sizes", "planes", "provenances", "roles", "shard", "sizes")  # fmt: skip
 
     def __init__(
         self,
@@ -201,17 +201,23 @@ class RunReservation:
         self.geometry = geometry  # per tensor: (layout, dims, plane specs, physical extents)
         self.offsets = offsets
         self.end = end
-        sizes = [[spec.nbytes for spec in g[2]] for g in geometry]
-        self.sizes = [sum(s) for s in sizes]  # plane bytes per tensor
+        self.sizes: list[int] = []  # plane bytes per tensor
+        self.plane_offsets: list[int] = []  # every plane's offset in the shard, in order
+        self.plane_sizes: list[int] = []
+        for g, offs in zip(geometry, offsets, strict=True):
+            tensor = [spec.nbytes for spec in g[2]]
+            self.sizes.append(sum(tensor))
+            self.plane_sizes += tensor
+            self.plane_offsets += offs
         buffer = np.zeros(sum(self.sizes), dtype=np.uint8)
         self.buffer: np.ndarray[Any, np.dtype[np.uint8]] | None = buffer
         planes: list[list[np.ndarray[Any, np.dtype[np.uint8]]]] = []
         at = 0
-        for tensor in sizes:
+        for g in geometry:
             views = []
-            for n in tensor:
-                views.append(buffer[at : at + n])
-                at += n
+            for spec in g[2]:
+                views.append(buffer[at : at + spec.nbytes])
+                at += spec.nbytes
             planes.append(views)
         self.planes = planes
 

@@ -86,6 +86,9 @@ _INLINE_BYTES = 256 << 10
 """A reserved tensor with at most this many plane bytes is filled in process memory and
 written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap) cost more than
 the tensor (20,000 one-element tensors: about 2 s of a 14 s convert)."""
+_GATHER_BYTES = 64 << 10
+"""Plane bytes of a run up to which ``complete_run`` places them with one index array (8
+bytes of index per byte); a larger run is copied plane by plane."""
 _INLINE_FLUSH = 1 << 20
 """Bytes of consecutive small tensors gathered before they are written (see _stage_inline)."""
 
@@ -377,14 +380,21 @@ class ShardWriter(abc.ABC):
             run.names, run.formats, run.roles, run.provenances, run.geometry, run.offsets,
             run.planes, strict=True,
         ):  # fmt: skip
-            require_canonical_padding(layout, fmt_name, dims, planes, name)
-            entry = tensor(
-                name, fmt_name, layout.name, dims, physical,
-                tuple(plane(spec.name, offset, spec.nbytes, digest_hex(view.data))
-                      for spec, offset, view in zip(specs, offs, planes, strict=True)),
-                role, prov,
-            )  # fmt: skip
-            entries.append(entry)
+            if layout.has_padding():  # else require_canonical_padding has nothing to check
+                require_canonical_padding(layout, fmt_name, dims, planes, name)
+            if len(specs) == 1:  # direct formats: no generator for one plane
+                spec = specs[0]
+                stored: tuple[PlaneEntry, ...] = (
+                    plane(spec.name, offs[0], spec.nbytes, digest_hex(planes[0].data)),
+                )
+            else:
+                stored = tuple(
+                    plane(spec.name, offset, spec.nbytes, digest_hex(view.data))
+                    for spec, offset, view in zip(specs, offs, planes, strict=True)
+                )
+            entries.append(
+                tensor(name, fmt_name, layout.name, dims, physical, stored, role, prov)
+            )
         check_entries_geometry(entries, _where, self._checked)
         try:
             self._flush_inline()  # queued single tensors first: their range ends before ours
@@ -408,38 +418,41 @@ class ShardWriter(abc.ABC):
         return entries
 
     def _write_run(self, run: RunReservation) -> None:
-        """The run's planes at their offsets, the gaps between them as zeros, in one write."""
-        iov: list[Any] = []
-        cursor = -1
-        zeros = memoryview(_ZEROS)
-        start = -1
-        for offs, planes in zip(run.offsets, run.planes, strict=True):
-            for offset, view in zip(offs, planes, strict=True):
-                if cursor < 0:
-                    start = cursor = offset
-                gap = offset - cursor
-                while gap:  # views of one zero block, so a wide alignment allocates nothing
-                    step = min(gap, len(zeros))
-                    iov.append(zeros[:step])
-                    gap -= step
-                iov.append(view.data)
-                cursor = offset + view.size
-        if start < 0 or cursor == start:
+        """The run's planes at their offsets, the gaps between them as zeros, in one write
+        from the first plane's offset through the shard's handle."""
+        buffer = run.buffer
+        if buffer is None or not run.plane_offsets:
             return
-        data = b"".join(iov)
+        offsets = np.array(run.plane_offsets, dtype=np.int64)
+        sizes = np.array(run.plane_sizes, dtype=np.int64)
+        start = int(offsets[0])
+        span = int(offsets[-1] + sizes[-1]) - start  # offsets ascend
+        if span <= 0:
+            return
+        out = np.zeros(span, dtype=np.uint8)
+        if buffer.size <= _GATHER_BYTES:
+            # Byte k of the buffer goes to k + (its plane's offset - start - where the plane
+            # starts in the buffer): one scatter for the run, not a slice per plane.
+            shift = offsets - start - (np.cumsum(sizes) - sizes)
+            out[np.arange(buffer.size) + np.repeat(shift, sizes)] = buffer
+        else:
+            at = 0
+            for offset, n in zip(run.plane_offsets, run.plane_sizes, strict=True):
+                out[offset - start : offset - start + n] = buffer[at : at + n]
+                at += n
         shard = run.shard
         handle = shard.handle
         if handle is not None:  # through the shard's own handle, as every other write
             handle.seek(start)
-            handle.write(data)
+            handle.write(out.data)
             handle.flush()
             handle.seek(shard.cursor)
         else:  # the shard was finished while these tensors were in flight
             fd = os.open(shard.path, os.O_WRONLY)
             try:
-                rest = memoryview(data)
+                rest = out.data
                 done = 0
-                while done < len(rest):
+                while done < span:
                     done += os.pwrite(fd, rest[done:], start + done)
             finally:
                 os.close(fd)
