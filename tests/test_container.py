@@ -966,4 +966,7 @@ def test_geometry_checked_in_bulk_raises_what_each_entry_check_raises() -> None:
         check_entries_geometry(good, lambda e: "x", cache)  # the cache holds b's answer
         with pytest.raises(SchemaError) as got:
             check_entries_geometry([good[0], wrong, good[2]], lambda e: "x", cache)
-        assert (got.value.where, got.value.message) == (expected.value.where, expected.value.message)
+        assert (got.value.where, got.value.message) == (
+            expected.value.where,
+            expected.value.message,
+        )

@@ -392,9 +392,7 @@ class ShardWriter(abc.ABC):
                     plane(spec.name, offset, spec.nbytes, digest_hex(view.data))
                     for spec, offset, view in zip(specs, offs, planes, strict=True)
                 )
-            entries.append(
-                tensor(name, fmt_name, layout.name, dims, physical, stored, role, prov)
-            )
+            entries.append(tensor(name, fmt_name, layout.name, dims, physical, stored, role, prov))
         check_entries_geometry(entries, _where, self._checked)
         try:
             self._flush_inline()  # queued single tensors first: their range ends before ours
