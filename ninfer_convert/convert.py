@@ -15,9 +15,12 @@ Contract:
   on work in flight (source bytes: at most the largest tensor's bytes, or 256 MiB when that
   is larger; page cache, since sources are mapped; and a task count) and the batching of
   consecutive small entries into one task are :mod:`.scheduler`'s, shared with verify; a
-  batch's entries are derived one after the other by one worker.  On the host paths (direct formats,
-  conversions, derivations, copy paths, grouped encoding) a worker holds a few blocks, never a
-  tensor or a plane, so peak memory follows the block size, not the tensor or the model.  The
+  batch's entries are reserved as runs (:meth:`~.container.ArtifactWriter.reserve_run`: one
+  reservation and buffer per run of one shard), derived one after the other by one worker
+  into the run's buffer and completed by one ``complete_run`` per run.  On the host paths
+  (direct formats, conversions, derivations, copy paths, grouped encoding) a worker holds a
+  few blocks, never a tensor or a plane, so peak memory follows the block size, not the tensor
+  or the model.  The
   CUDA path still packs a tensor whole before storing it.  Everything is staged by
   :class:`~.container.ArtifactWriter` and published only when complete; a failure, Ctrl-C,
   SIGTERM or SIGHUP leaves the output name as it was.  Before any

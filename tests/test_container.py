@@ -590,6 +590,30 @@ def test_reserved_runs_give_the_bytes_of_add_packed(
     assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
 
 
+def test_run_spread_wide_by_its_alignment_is_written_plane_by_plane(tmp_path: Path) -> None:
+    """A run whose gaps span more than 16 MiB is not gathered into one buffer: its planes are
+    written one by one (the gaps holes), with the bytes of add_packed."""
+    tensors = [(f"t{i}", "BF16", (3,)) for i in range(4)]  # 8 MiB apart: a 24 MiB span
+    packed = {
+        n: layout_for(f).pack(f, make_logical(f, s, i)) for i, (n, f, s) in enumerate(tensors)
+    }
+
+    def write(out: Path, runs: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=8 << 20) as w:
+            if not runs:
+                for name, fmt, shape in tensors:
+                    w.add_packed(name, fmt, shape, packed[name], role="r",
+                                 provenance=provenance(fmt))  # fmt: skip
+                return out
+            run = w.reserve_run([(n, f, s, "r", provenance(f)) for n, f, s in tensors])
+            for name, planes in zip(run.names, run.planes, strict=True):
+                planes[0][...] = np.asarray(packed[name][0]).reshape(-1).view(np.uint8)
+            w.complete_run(run)
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
 def test_reserved_run_refuses_what_reserve_refuses_and_leaves_the_writer_usable(
     tmp_path: Path,
 ) -> None:

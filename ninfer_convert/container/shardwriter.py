@@ -12,9 +12,12 @@ Contract:
   process memory for tensors of at most 256 KiB) and a ``sink`` that stores bytes there from
   any thread (a ``pwrite`` into the reserved, ``posix_fallocate``'d blocks); ``complete``
   records reservations in the order they were made, checking the padding and digesting the
-  stored bytes.  The file bytes equal those of ``add_packed`` with the same planes (tests
-  compare them).  ``add`` and ``add_packed`` are refused while a reservation is pending, and so
-  is ``commit``.
+  stored bytes.  ``reserve_run`` reserves consecutive tensors of one shard as one unit (the
+  same checks and offsets per tensor; planes are views of one buffer in process memory) and
+  ``complete_run`` records them all (padding, digests and header checks per tensor) and
+  writes the run, gaps included, in one write.  The file bytes equal those of ``add_packed``
+  with the same planes (tests compare them).  ``add`` and ``add_packed`` are refused while a
+  reservation is pending, and so is ``commit``.
 * Usage errors (bad names, wrong shapes) raise :class:`UsageError` / :class:`FormatError`
   before any byte of that tensor is written, and leave the writer usable; an ``OSError`` of
   the file system becomes a :class:`ResourceError` once the writer is aborted (the module
@@ -89,6 +92,9 @@ the tensor (20,000 one-element tensors: about 2 s of a 14 s convert)."""
 _GATHER_BYTES = 64 << 10
 """Plane bytes of a run up to which ``complete_run`` places them with one index array (8
 bytes of index per byte); a larger run is copied plane by plane."""
+_RUN_SPAN_BYTES = 16 << 20
+"""File bytes (planes and gaps) of a run up to which ``complete_run`` writes it in one piece;
+a run spread wider by a large alignment is written plane by plane."""
 _INLINE_FLUSH = 1 << 20
 """Bytes of consecutive small tensors gathered before they are written (see _stage_inline)."""
 
@@ -427,6 +433,10 @@ class ShardWriter(abc.ABC):
         span = int(offsets[-1] + sizes[-1]) - start  # offsets ascend
         if span <= 0:
             return
+        shard = run.shard
+        if span > _RUN_SPAN_BYTES:  # wide alignment gaps: each plane alone, the gaps holes
+            self._write_planes(run)
+            return
         out = np.zeros(span, dtype=np.uint8)
         if buffer.size <= _GATHER_BYTES:
             # Byte k of the buffer goes to k + (its plane's offset - start - where the plane
@@ -438,7 +448,6 @@ class ShardWriter(abc.ABC):
             for offset, n in zip(run.plane_offsets, run.plane_sizes, strict=True):
                 out[offset - start : offset - start + n] = buffer[at : at + n]
                 at += n
-        shard = run.shard
         handle = shard.handle
         if handle is not None:  # through the shard's own handle, as every other write
             handle.seek(start)
@@ -453,6 +462,35 @@ class ShardWriter(abc.ABC):
                 while done < span:
                     done += os.pwrite(fd, rest[done:], start + done)
             finally:
+                os.close(fd)
+
+    def _write_planes(self, run: RunReservation) -> None:
+        """The run's planes one by one at their offsets (the gaps between them are not
+        written: a hole reads as the zeros a written gap holds)."""
+        assert run.buffer is not None
+        shard = run.shard
+        handle = shard.handle
+        fd = os.open(shard.path, os.O_WRONLY) if handle is None else None
+        try:
+            if handle is not None:
+                handle.flush()
+            at = 0
+            for offset, n in zip(run.plane_offsets, run.plane_sizes, strict=True):
+                view = run.buffer[at : at + n].data
+                at += n
+                if handle is not None:
+                    handle.seek(offset)
+                    handle.write(view)
+                    continue
+                assert fd is not None
+                done = 0
+                while done < n:
+                    done += os.pwrite(fd, view[done:], offset + done)
+            if handle is not None:
+                handle.flush()
+                handle.seek(shard.cursor)
+        finally:
+            if fd is not None:
                 os.close(fd)
 
     def _sink_error(self, name: str, exc: OSError) -> ResourceError:
