@@ -28,16 +28,16 @@ Contract:
   removed (``on_notice`` gets one line each), the destination is checked (what ``force`` may
   replace, never the source) and the free space is compared with the plan's exact size.
 * ``runner`` (a :class:`TensorRunner`; ``convert --ray``: :mod:`ninfer_convert.cluster`)
-  stores the plan's tensors in the writer instead of ``_write_tensors``, byte for byte the
+  stores the plan's tensors in the writer instead of ``write_tensors``, byte for byte the
   same; planning, the destination checks, side files, metadata, signing and the publish stay
   here.
 * :func:`check_output` makes the same destination, permission and free-space checks without
   writing anything (``convert --dry-run``).
 * The steps of :func:`convert_checkpoint`, in order: plan (:func:`plan_conversion`), choose
   the encoding device, open the writer with the exact planned size, stream the tensors
-  (``_write_tensors``), digest the skipped tensors, add the side files, record the metadata
-  (:mod:`.artifact_metadata`), sign and publish.  Its results and progress events are the
-  records of :mod:`.convert_report`, exported here.
+  (:func:`~.convert_tensors.write_tensors`), digest the skipped tensors, add the side files,
+  record the metadata (:mod:`.artifact_metadata`), sign and publish.  Its results and
+  progress events are the records of :mod:`.convert_report`, exported here.
 * The model directory gets the source's side files (but the source's own ``model.sig``, which
   signs the source's files, not the artifact's) and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
@@ -62,19 +62,11 @@ Contract:
 
 from __future__ import annotations
 
-import threading
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from .artifact_metadata import artifact_metadata
 from .card import (
@@ -88,20 +80,15 @@ from .card import (
 from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import check_destination, check_free_space, check_writable
 from .container.schema import Provenance, paused_gc
-from .container.shardfile import RunReservation
 from .container.wire import SOURCE_DIGEST_PREFIX
-from .container.writer import PlannedEntry, Reservation, planned_size
+from .container.writer import PlannedEntry, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
-from .convert_tensors import RunnerResult, Tally, TensorRunner
-from .derive import derive_packed, provenance_of, resolve_device
-from .derive.entry import derive_into
-from .derive.fused import PlaneSink
+from .convert_tensors import RunnerResult, Tally, TensorRunner, write_tensors
+from .derive import provenance_of, resolve_device
 from .encoder.parity import cuda_parity_gate
-from .errors import EncodeError, UsageError
+from .errors import UsageError
 from .factors import attach_calibration, generated_files
-from .readahead import CHUNK, read_ahead
-from .recipe import Plan, PlanEntry, Recipe, build_plan
-from .scheduler import Batch, batches, bounded, inflight_budget, worker_pool
+from .recipe import Plan, Recipe, build_plan
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
 
@@ -352,89 +339,10 @@ def _store(
     """Every tensor into the writer, by ``runner`` or by the local pipeline; the source
     digests read and the runner's details for the report."""
     if runner is None:
-        return _write_tensors(writer, plan, src, provs, device, jobs, tally), None
+        return write_tensors(writer, plan, src, provs, device, jobs, tally), None
     ran = runner(writer, plan, src, device, tally.stored)
     tally.spot_rows += ran.spot_checked_rows
     return dict(ran.source_digests), ran.details
-
-
-def _write_tensors(
-    writer: ArtifactWriter,
-    plan: Plan,
-    src: SourceCheckpoint,
-    provs: Mapping[str, Provenance],
-    device: str,
-    jobs: int,
-    tally: Tally,
-) -> dict[str, str]:
-    """Derive every entry into its reserved planes and complete them in plan order; returns
-    the digests of the source tensors read.
-
-    A batch of small entries is reserved, derived and completed as runs
-    (:meth:`~.container.ArtifactWriter.reserve_run`: one reservation, buffer and write per
-    run of one shard, one task per batch); every other entry alone, by ``reserve`` and
-    ``complete`` (its planes in the file, filled through the reservation's sink)."""
-    budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
-    digests: dict[str, str] = {}
-    cancel = threading.Event()
-    planned = list(batches(plan.entries, _source_bytes))
-    # Cold source reads of the batches ahead overlap the encoding (page cache only).
-    with worker_pool(
-        planned,
-        jobs=jobs,
-        thread_name="ninfer-encode",
-        key=_batch_key,
-        nbytes=_batch_bytes,
-        prefetch=partial(_prefetch, src, {}),
-    ) as workers:
-        reserved: deque[list[Reservation | RunReservation]] = deque()  # per batch submitted
-
-        def submit(index: int) -> Future[_Done]:
-            batch = planned[index]
-            # One read-ahead top-up per batch: it requests every batch up to this one.
-            started = partial(workers.ahead.started, index)
-            if len(batch.items) > 1:  # small entries only (see batches)
-                todo = [(e.output, e.format, e.shape, e.role, provs[e.output])
-                        for e in batch.items]  # fmt: skip
-                runs: list[RunReservation] = []
-                at = 0
-                while at < len(todo):  # more than one run where a new shard starts inside
-                    runs.append(writer.reserve_run(todo[at:] if at else todo))
-                    at += len(runs[-1].names)
-                reserved.append(list(runs))
-                return workers.pool.submit(
-                    _guarded_runs, cancel, started, batch.items, runs, src, device, jobs
-                )
-            (entry,) = batch.items
-            # The tensor's bytes get their final place now, in plan order; the worker writes
-            # its planes there a block at a time (file pages, not process memory).
-            res = writer.reserve(entry.output, entry.format, entry.shape, role=entry.role,
-                                 provenance=provs[entry.output])  # fmt: skip
-            reserved.append([res])
-            return workers.pool.submit(
-                _guarded, cancel, started, entry, res.planes, res.sink, src, device, jobs
-            )
-
-        window = bounded(range(len(planned)), submit, budget, partial(_planned_bytes, planned))
-        try:
-            for index, fut in window:
-                batch_digests, spot_rows = fut.result()
-                digests.update(batch_digests)
-                items = planned[index].items
-                at = 0
-                for unit in reserved.popleft():
-                    if isinstance(unit, RunReservation):
-                        writer.complete_run(unit)
-                        tally.stored_run(items[at : at + len(unit.sizes)], unit.sizes)
-                        at += len(unit.sizes)
-                    else:
-                        tally.stored(items[at], writer.complete(unit).nbytes)
-                        at += 1
-                tally.spot_rows += spot_rows
-        except BaseException:
-            cancel.set()
-            raise
-    return digests
 
 
 def _add_side_files(
@@ -467,110 +375,3 @@ def _sign_and_commit(
     out = Path(writer.commit(before_publish=sign_staged))
     # The signature was written in the staging directory, now renamed to ``out``.
     return out, replace(signed[0], path=str(out / SIGNATURE_NAME)) if signed else None
-
-
-def _output_name(entry: PlanEntry) -> str:
-    return entry.output
-
-
-def _source_bytes(entry: PlanEntry) -> int:
-    return entry.source_bytes
-
-
-def _batch_bytes(batch: Batch[PlanEntry]) -> int:
-    return batch.nbytes
-
-
-def _batch_key(batch: Batch[PlanEntry]) -> str:
-    return batch.items[0].output
-
-
-def _planned_bytes(planned: list[Batch[PlanEntry]], index: int) -> int:
-    return planned[index].nbytes
-
-
-def _prefetch(src: SourceCheckpoint, paths: dict[str, str], batch: Batch[PlanEntry]) -> None:
-    """Request read-ahead of a batch's source bytes: a batch of small tensors as the few
-    spans of each file its tensors lie in (gaps of at most one read-ahead piece read too), so
-    its cost follows the spans, not the tensors (``src.prefetch`` of 100,000 one-element
-    tensors scattered over a file, as sorted names place them, cost about 5 us each)."""
-    if len(batch.items) == 1:
-        src.prefetch([s.name for s in batch.items[0].sources])
-        return
-    infos = src.tensors
-    by_file: dict[str, list[tuple[int, int]]] = {}
-    for entry in batch.items:
-        for s in entry.sources:
-            info = infos.get(s.name)
-            if info is not None and info.nbytes:
-                by_file.setdefault(info.file, []).append((info.offset, info.offset + info.nbytes))
-    for file, spans in by_file.items():
-        path = paths.get(file)
-        if path is None:
-            path = paths[file] = str(src.file_path(file))
-        spans.sort()
-        start, end = spans[0]
-        for a, b in spans:
-            if a > end + CHUNK:
-                read_ahead(path, start, end - start)
-                start = a
-            end = max(end, b)
-        read_ahead(path, start, end - start)
-
-
-def _seed(entry: PlanEntry, device: str) -> int:
-    """Which rows of a GPU-encoded tensor get spot-checked: deterministic per tensor, whatever
-    the scheduling (the host paths check no rows, so they need no seed)."""
-    return 0 if device == "cpu" else zlib.crc32(entry.output.encode())
-
-
-_Done = tuple[dict[str, str], int]
-"""What a task did: the source digests it read and the rows it spot-checked."""
-
-
-def _guarded(
-    cancel: threading.Event,
-    started: Callable[[], None],
-    entry: PlanEntry,
-    planes: list[npt.NDArray[np.uint8]],
-    sink: PlaneSink,
-    source: SourceCheckpoint,
-    device: str,
-    threads: int,
-) -> _Done:
-    """Derive one entry into its reserved planes (through their sink)."""
-    started()
-    if cancel.is_set():
-        raise EncodeError("conversion cancelled", tensor=entry.output)
-    packed = derive_packed(entry, source, device=device, threads=threads,
-                           seed=_seed(entry, device), out=planes, sink=sink)  # fmt: skip
-    return packed.source_digests, packed.spot_rows
-
-
-def _guarded_runs(
-    cancel: threading.Event,
-    started: Callable[[], None],
-    entries: tuple[PlanEntry, ...],
-    runs: list[RunReservation],
-    source: SourceCheckpoint,
-    device: str,
-    threads: int,
-) -> _Done:
-    """Derive a batch's entries, in order, into the planes of their runs."""
-    started()
-    digests: dict[str, str] = {}
-    spot = 0
-    todo = iter(entries)
-    # A batch of small tensors is read with a few preads instead of two syscalls each (each
-    # releasing and re-taking the GIL from the busy main thread).
-    with source.preread(s.name for entry in entries for s in entry.sources):
-        for run in runs:
-            for planes in run.planes:
-                entry = next(todo)
-                if cancel.is_set():
-                    raise EncodeError("conversion cancelled", tensor=entry.output)
-                read, rows = derive_into(entry, source, planes, device=device,
-                                         threads=threads, seed=_seed(entry, device))  # fmt: skip
-                digests.update(read)
-                spot += rows
-    return digests, spot

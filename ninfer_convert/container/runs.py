@@ -16,22 +16,45 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .._startup import pause_point
-from ..errors import NinferError, UsageError
-from ..layouts import PlaneSpec
-from .checks import check_entries_geometry, require_canonical_padding
-from .placement import _Geometry, _geometry_key, _placement, _starts_new_shard
+from ..errors import NinferError, ResourceError, UsageError
+from ..layouts import Layout, PlaneSpec
+from .checks import GeometryCache, check_entries_geometry, require_canonical_padding
+from .placement import PlannedEntry, _Geometry, _geometry_key, _placement, _starts_new_shard
 from .schema import PlaneEntry, Provenance, TensorEntry, make_plane_entry, make_tensor_entry
 from .shardfile import RunReservation, _Shard, _start_writeback
 from .wire import digest_hex
 
-if TYPE_CHECKING:
-    from .shardwriter import ShardWriter
+
+class ShardWriter(Protocol):
+    """What the run functions use of :class:`~.shardwriter.ShardWriter` (a protocol, so that
+    this module, which the writer imports, does not import it back)."""
+
+    alignment: int
+    max_shard_size: int | None
+    _checked: GeometryCache
+    _geometry: dict[tuple[str, tuple[int, ...]], _Geometry]
+    _names: set[str]
+    _planned: Mapping[str, PlannedEntry]
+    _reserved: deque[Any]
+    _reserved_names: set[str]
+
+    def abort(self) -> None: ...
+    def _require_open(self) -> None: ...
+    def _resource(self, exc: OSError, doing: str) -> ResourceError: ...
+    def _layout(self, fmt_name: str) -> Layout: ...
+    def _flush_inline(self) -> None: ...
+    def _place(self, specs: Sequence[PlaneSpec]) -> tuple[_Shard, list[int], int]: ...
+    def _entry_checks(
+        self, name: str, fmt_name: str, role: str, provenance: Provenance | Mapping[str, Any]
+    ) -> Provenance: ...
+
 
 __all__ = ["complete_run", "reserve_checks", "reserve_run"]
 
