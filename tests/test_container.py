@@ -641,6 +641,26 @@ def test_reserved_run_refuses_what_reserve_refuses_and_leaves_the_writer_usable(
         assert bytes(art.plane_buffer("a", "words")) == bytes([7, 7, 7, 7])
 
 
+def test_refused_run_leaves_no_new_shard_behind(tmp_path: Path) -> None:
+    """A run whose first tensor would start a new shard and whose second is refused leaves
+    the writer as it was: committing then gives the files of a writer that never saw it."""
+    bf16 = provenance("BF16")
+    words = layout_for("BF16").pack("BF16", make_logical("BF16", (64,)))
+
+    def write(out: Path, attempt: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=64, max_shard_size=300) as w:
+            w.add_packed("a", "BF16", (64,), words, role="r", provenance=bf16)
+            if attempt:
+                with pytest.raises(UsageError) as refused:
+                    w.reserve_run(
+                        [("b", "BF16", (64,), "r", bf16), ("c", "BF16", (-1,), "r", bf16)]
+                    )
+                assert refused.value.tensor == "c"
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
 @pytest.mark.parametrize("fmt", ["W8G32_F16S", "NVFP4"])  # row-split, blockscale
 def test_completed_run_with_padding_bits_set_is_refused(tmp_path: Path, fmt: str) -> None:
     shape = (3, 70) if fmt != "NVFP4" else (130, 16)

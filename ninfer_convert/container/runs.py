@@ -125,37 +125,35 @@ def reserve_run(
     writer._require_open()
     if not tensors:
         raise UsageError("a run of reserved tensors needs at least one tensor")
-    names: list[str] = []
-    formats: list[str] = []
-    roles: list[str] = []
-    provs: list[Provenance] = []
-    geometry: list[_Geometry] = []
-    offsets: list[list[int]] = []
+    # Every tensor is checked before anything is placed: placing the first may start a new
+    # shard, which a refused tensor after it must not leave behind (empty).
+    checked: list[tuple[str, str, str, Provenance, _Geometry]] = []
     taken: set[str] = set()
-    shard: _Shard | None = None
-    cursor = 0
-    alignment, max_shard = writer.alignment, writer.max_shard_size
     for name, fmt_name, shape, role, provenance in tensors:
         known, prov = reserve_checks(writer, name, fmt_name, shape, role, provenance)
         if name in taken:
             raise UsageError("tensor added twice", tensor=name)
-        sizes = [spec.nbytes for spec in known[2]]
+        taken.add(name)
+        checked.append((name, fmt_name, role, prov, known))
+    shard: _Shard | None = None
+    cursor = 0
+    offsets: list[list[int]] = []
+    alignment, max_shard = writer.alignment, writer.max_shard_size
+    for _, _, _, _, known in checked:
         if shard is None:
             shard, offs, cursor = writer._place(known[2])  # may start a new shard
         else:
-            offs, end = _placement(cursor, sizes, alignment)
+            offs, end = _placement(cursor, [spec.nbytes for spec in known[2]], alignment)
             if _starts_new_shard(True, end, max_shard):
-                break  # the rest starts the next shard: another run
+                break  # the rest starts the next shard: another run (checked again then)
             cursor = end
-        taken.add(name)
-        names.append(name)
-        formats.append(fmt_name)
-        roles.append(role)
-        provs.append(prov)
-        geometry.append(known)
         offsets.append(offs)
     assert shard is not None
-    run = RunReservation(shard, names, formats, roles, provs, geometry, offsets, cursor)
+    taken_now = checked[: len(offsets)]
+    names = [c[0] for c in taken_now]
+    run = RunReservation(shard, names, [c[1] for c in taken_now], [c[2] for c in taken_now],
+                         [c[3] for c in taken_now], [c[4] for c in taken_now], offsets,
+                         cursor)  # fmt: skip
     shard.cursor = cursor
     writer._reserved.append(run)
     writer._reserved_names.update(names)
