@@ -5,8 +5,11 @@ source tensors' digests and the alignment: the producer (:data:`PRODUCER_NAME` a
 version), the recipe (name, full text, digest, cited evidence) and the source's identity (kind,
 absolute path or Hugging Face cache repo id, config.json, files, and each digested tensor's
 dtype, shape and digest, sorted by name).  Convert builds it three times with the same inputs
-but the digests: with none to open the writer, with placeholders of the final length to plan
-the output's exact size, and with the real ones, known once every tensor is read, last.
+but the digests: with none to open the writer and with the real ones, known once every tensor
+is read, last.  :func:`planned_metadata_size` is the length of the canonical JSON the header
+holds of the metadata listing the given tensors with digests of the final length (the size
+plan's), without building that map: the metadata without tensors, checked as the writer checks
+it, and the map's length (:func:`~.container.metadata_json.source_tensors_size`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import os
 from typing import Any
 
 from ._version import __version__
+from .container.metadata_json import metadata_json, source_tensors_size
+from .container.schema import ArtifactMeta
 from .recipe import Plan
 from .source import SourceCheckpoint
 from .source.hf_cache import cached_identity, repo_json
 
-__all__ = ["PRODUCER_NAME", "artifact_metadata"]
+__all__ = ["PRODUCER_NAME", "artifact_metadata", "planned_metadata_size"]
 
 PRODUCER_NAME = "ninfer-convert"
 
@@ -62,3 +67,17 @@ def artifact_metadata(
         "source": source_meta,
         "alignment": alignment,
     }
+
+
+def planned_metadata_size(
+    plan: Plan, source: SourceCheckpoint, digested: set[str], digest: str, alignment: int
+) -> int:
+    """``len(canonical_json(ArtifactMeta.from_json(m).to_json()))`` for the metadata ``m`` of
+    ``artifact_metadata(plan, source, {name: digest for name in digested}, alignment)``."""
+    bare = artifact_metadata(plan, source, {}, alignment)
+    # Checked as the size plan always checked it (its errors are those of a bad metadata).
+    meta = ArtifactMeta.from_json({**bare, "alignment": alignment}, "metadata")
+    without = metadata_json(meta.to_json())
+    listed = [(n, info.dtype, info.shape) for n, info in source.tensors.items() if n in digested]
+    # "tensors":{} holds the map: its two bytes become the map's JSON.
+    return len(without) - 2 + source_tensors_size(listed, digest)

@@ -15,9 +15,12 @@ Contract:
   on work in flight (source bytes: at most the largest tensor's bytes, or 256 MiB when that
   is larger; page cache, since sources are mapped; and a task count) and the batching of
   consecutive small entries into one task are :mod:`.scheduler`'s, shared with verify; a
-  batch's entries are derived one after the other by one worker.  On the host paths (direct formats,
-  conversions, derivations, copy paths, grouped encoding) a worker holds a few blocks, never a
-  tensor or a plane, so peak memory follows the block size, not the tensor or the model.  The
+  batch's entries are reserved as runs (:meth:`~.container.ArtifactWriter.reserve_run`: one
+  reservation and buffer per run of one shard), derived one after the other by one worker
+  into the run's buffer and completed by one ``complete_run`` per run.  On the host paths
+  (direct formats, conversions, derivations, copy paths, grouped encoding) a worker holds a
+  few blocks, never a tensor or a plane, so peak memory follows the block size, not the tensor
+  or the model.  The
   CUDA path still packs a tensor whole before storing it.  Everything is staged by
   :class:`~.container.ArtifactWriter` and published only when complete; a failure, Ctrl-C,
   SIGTERM or SIGHUP leaves the output name as it was.  Before any
@@ -25,16 +28,16 @@ Contract:
   removed (``on_notice`` gets one line each), the destination is checked (what ``force`` may
   replace, never the source) and the free space is compared with the plan's exact size.
 * ``runner`` (a :class:`TensorRunner`; ``convert --ray``: :mod:`ninfer_convert.cluster`)
-  stores the plan's tensors in the writer instead of ``_write_tensors``, byte for byte the
+  stores the plan's tensors in the writer instead of ``write_tensors``, byte for byte the
   same; planning, the destination checks, side files, metadata, signing and the publish stay
   here.
 * :func:`check_output` makes the same destination, permission and free-space checks without
   writing anything (``convert --dry-run``).
 * The steps of :func:`convert_checkpoint`, in order: plan (:func:`plan_conversion`), choose
   the encoding device, open the writer with the exact planned size, stream the tensors
-  (``_write_tensors``), digest the skipped tensors, add the side files, record the metadata
-  (:mod:`.artifact_metadata`), sign and publish.  Its results and progress events are the
-  records of :mod:`.convert_report`, exported here.
+  (:func:`~.convert_tensors.write_tensors`), digest the skipped tensors, add the side files,
+  record the metadata (:mod:`.artifact_metadata`), sign and publish.  Its results and
+  progress events are the records of :mod:`.convert_report`, exported here.
 * The model directory gets the source's side files (but the source's own ``model.sig``, which
   signs the source's files, not the artifact's) and, unless the recipe says
   ``output: {readme: false}``, the generated model card README.md of :mod:`.card` (the source's
@@ -59,21 +62,13 @@ Contract:
 
 from __future__ import annotations
 
-import threading
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from .artifact_metadata import artifact_metadata
+from .artifact_metadata import artifact_metadata, planned_metadata_size
 from .card import (
     README_NAME,
     SOURCE_README_NAME,
@@ -86,16 +81,14 @@ from .container import DEFAULT_ALIGNMENT, ArtifactWriter, check_writer_alignment
 from .container.publish import check_destination, check_free_space, check_writable
 from .container.schema import Provenance, paused_gc
 from .container.wire import SOURCE_DIGEST_PREFIX
-from .container.writer import PlannedEntry, Reservation, planned_size
+from .container.writer import PlannedEntry, planned_size
 from .convert_report import ConvertReport, OutputCheck, ProgressEvent
-from .convert_tensors import RunnerResult, Tally, TensorRunner
-from .derive import PackedTensor, derive_packed, provenance_of, resolve_device
-from .derive.fused import PlaneSink
+from .convert_tensors import RunnerResult, Tally, TensorRunner, write_tensors
+from .derive import provenances, resolve_device
 from .encoder.parity import cuda_parity_gate
-from .errors import EncodeError, UsageError
+from .errors import UsageError
 from .factors import attach_calibration, generated_files
-from .recipe import Plan, PlanEntry, Recipe, build_plan
-from .scheduler import Batch, batches, bounded, inflight_budget, worker_pool
+from .recipe import Plan, Recipe, build_plan
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
 from .source import SideFileSource, SourceCheckpoint, open_source
 
@@ -137,7 +130,7 @@ def plan_conversion(
 def _provenances(plan: Plan) -> dict[str, Provenance]:
     """Every entry's parsed provenance, built once per conversion (the size plan and the
     writer both take it as is)."""
-    return {e.output: provenance_of(e) for e in plan.entries}
+    return provenances(plan.entries)
 
 
 # Files convert makes beside the artifact that its header does not list: --force replaces them.
@@ -184,7 +177,6 @@ def planned_output_bytes(
     (convert builds each once: the card's cost notes walk every entry); ``planned`` receives
     the planned header entries (for the writer: see ``ArtifactWriter(planned=...)``)."""
     digested = {s.name for e in plan.entries for s in e.sources} | {s.name for s in plan.skipped}
-    placeholder = {name: SOURCE_DIGEST_PREFIX + "0" * 32 for name in digested}
     side_files = copied_side_files(plan, src)
     sizes = [(name, source.size) for source, name in side_files]
     # The card is deterministic: the same text convert writes.
@@ -194,7 +186,10 @@ def planned_output_bytes(
     sizes += [(name, size) for name, size, _ in generated_files(plan)]
     total = planned_size(
         ((e.output, e.format, e.shape, e.role, provs[e.output]) for e in plan.entries),
-        metadata=artifact_metadata(plan, src, placeholder, alignment),
+        # Digests are fixed-length: placeholders give the final size.
+        metadata_size=planned_metadata_size(
+            plan, src, digested, SOURCE_DIGEST_PREFIX + "0" * 32, alignment
+        ),
         side_files=sizes,
         alignment=alignment,
         max_shard_size=max_shard_size,
@@ -346,73 +341,10 @@ def _store(
     """Every tensor into the writer, by ``runner`` or by the local pipeline; the source
     digests read and the runner's details for the report."""
     if runner is None:
-        return _write_tensors(writer, plan, src, provs, device, jobs, tally), None
+        return write_tensors(writer, plan, src, provs, device, jobs, tally), None
     ran = runner(writer, plan, src, device, tally.stored)
     tally.spot_rows += ran.spot_checked_rows
     return dict(ran.source_digests), ran.details
-
-
-def _write_tensors(
-    writer: ArtifactWriter,
-    plan: Plan,
-    src: SourceCheckpoint,
-    provs: Mapping[str, Provenance],
-    device: str,
-    jobs: int,
-    tally: Tally,
-) -> dict[str, str]:
-    """Derive every entry into its reserved planes and complete them in plan order; returns
-    the digests of the source tensors read."""
-    budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
-    digests: dict[str, str] = {}
-    cancel = threading.Event()
-    # Cold source reads of the entries ahead overlap the encoding (page cache only).
-    with worker_pool(
-        plan.entries,
-        jobs=jobs,
-        thread_name="ninfer-encode",
-        key=_output_name,
-        nbytes=_source_bytes,
-        prefetch=lambda entry: src.prefetch(s.name for s in entry.sources),
-    ) as workers:
-        reserved: deque[Reservation] = deque()
-
-        def submit(batch: Batch[PlanEntry]) -> Future[list[PackedTensor]]:
-            tasks: list[_Task] = []
-            for entry in batch.items:
-                # Deterministic per tensor, whatever the scheduling: which rows get
-                # spot-checked.
-                seed = zlib.crc32(entry.output.encode())
-                # The tensor's bytes get their final place now, in plan order; the worker
-                # writes its planes there a block at a time (file pages, not process
-                # memory).
-                res = writer.reserve(
-                    entry.output,
-                    entry.format,
-                    entry.shape,
-                    role=entry.role,
-                    provenance=provs[entry.output],
-                )
-                reserved.append(res)
-                tasks.append((entry, seed, res.planes, res.sink))
-            # One read-ahead top-up per batch: started() requests every entry up to the
-            # batch's last one.
-            started = partial(workers.started, batch)
-            return workers.pool.submit(_guarded, cancel, started, tasks, src, device, jobs)
-
-        window = bounded(batches(plan.entries, _source_bytes), submit, budget, _batch_bytes)
-        try:
-            for batch, fut in window:
-                results = fut.result()
-                for entry, packed in zip(batch.items, results, strict=True):
-                    digests.update(packed.source_digests)
-                    info = writer.complete(reserved.popleft())
-                    tally.completed(entry, packed, info.nbytes)
-                del results, packed  # drop their views of the reserved planes
-        except BaseException:
-            cancel.set()
-            raise
-    return digests
 
 
 def _add_side_files(
@@ -445,45 +377,3 @@ def _sign_and_commit(
     out = Path(writer.commit(before_publish=sign_staged))
     # The signature was written in the staging directory, now renamed to ``out``.
     return out, replace(signed[0], path=str(out / SIGNATURE_NAME)) if signed else None
-
-
-def _output_name(entry: PlanEntry) -> str:
-    return entry.output
-
-
-def _source_bytes(entry: PlanEntry) -> int:
-    return entry.source_bytes
-
-
-def _batch_bytes(batch: Batch[PlanEntry]) -> int:
-    return batch.nbytes
-
-
-_Task = tuple[PlanEntry, int, list[npt.NDArray[np.uint8]], PlaneSink]
-"""One entry of a batch: the entry, its spot-check seed, its reserved planes and their sink."""
-
-
-def _guarded(
-    cancel: threading.Event,
-    started: Callable[[], None],
-    tasks: list[_Task],
-    source: SourceCheckpoint,
-    device: str,
-    threads: int,
-) -> list[PackedTensor]:
-    """Derive a batch's entries, in order, each into its reserved planes."""
-    started()
-    out = []
-    # A batch of small tensors is read with a few preads instead of two syscalls each (each
-    # releasing and re-taking the GIL from the busy main thread).
-    with source.preread(s.name for task in tasks for s in task[0].sources):
-        for entry, seed, planes, sink in tasks:
-            if cancel.is_set():
-                raise EncodeError("conversion cancelled", tensor=entry.output)
-            out.append(
-                derive_packed(
-                    entry, source, device=device, threads=threads, seed=seed, out=planes,
-                    sink=sink,
-                )
-            )  # fmt: skip
-    return out

@@ -29,7 +29,6 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Generic, TypeVar
 
 __all__ = ["CHUNK", "READ_AHEAD_BYTES", "ReadAheadWindow", "batched", "read_ahead"]
@@ -76,7 +75,7 @@ def _submit(path: str, offset: int, length: int) -> None:
         if _worker is None:
             _worker = threading.Thread(target=_run, name="ninfer-readahead", daemon=True)
             _worker.start()
-    _requests.put((os.fspath(Path(path)), offset, length))
+    _requests.put((path, offset, length))
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import pytest
 from st_helpers import write_safetensors
 from verify_fixtures import patch_bytes, plane_offset
 
-from ninfer_convert import convert as convert_module
+from ninfer_convert import convert_tensors as loop_module
 from ninfer_convert.cli import main
 from ninfer_convert.container import open_artifact
 from ninfer_convert.convert import convert_checkpoint, plan_conversion
@@ -114,7 +114,7 @@ def test_mixed_small_and_large_same_bytes_for_jobs_1_and_2(
 
 
 def _fail_at(monkeypatch: pytest.MonkeyPatch, name: str, action: Any) -> list[str]:
-    real = convert_module.derive_packed
+    real = loop_module.derive_into
     seen: list[str] = []
 
     def derive(entry: Any, *args: Any, **kw: Any) -> Any:
@@ -123,7 +123,7 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, name: str, action: Any) -> list[st
             action(entry)
         return real(entry, *args, **kw)
 
-    monkeypatch.setattr(convert_module, "derive_packed", derive)
+    monkeypatch.setattr(loop_module, "derive_into", derive)
     return seen
 
 
@@ -227,12 +227,12 @@ def test_no_cyclic_garbage_per_tensor_while_the_collector_is_paused(
 
         return wrapped
 
-    real_derive = convert_module.derive_packed
-    monkeypatch.setattr(convert_module, "derive_packed",
+    real_derive = loop_module.derive_into
+    monkeypatch.setattr(loop_module, "derive_into",
                         collect_at_last(real_derive, lambda a: a[0].output))  # fmt: skip
     gc.collect()
     convert_checkpoint(src, recipe, out, device="cpu", jobs=2)
-    monkeypatch.setattr(convert_module, "derive_packed", real_derive)
+    monkeypatch.setattr(loop_module, "derive_into", real_derive)
     real_check = runner_module.check_tensor
     monkeypatch.setattr(runner_module, "check_tensor",
                         collect_at_last(real_check, lambda a: a[1]))  # fmt: skip

@@ -37,6 +37,7 @@ from ninfer_convert.container import (
     shard_name,
 )
 from ninfer_convert.container.schema import SchemaError, TensorEntry
+from ninfer_convert.container.wire import PRELUDE_SIZE, align_up
 from ninfer_convert.errors import ArtifactError, FormatError, UsageError
 from ninfer_convert.layouts import layout_for
 from ninfer_convert.logical import DirectWords, GroupedCodes
@@ -529,6 +530,155 @@ def test_reserved_tensors_give_the_bytes_of_add_packed(
     assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
 
 
+RUN_TENSORS = [
+    ("a", "W8G32_F16S", (3, 70)),  # several planes, padding bits
+    ("b", "BF16", (1,)),
+    ("c", "Q4G64_F16S", (300, 1024)),  # 160 KiB: the run is placed plane by plane
+    ("d", "FP32", (0, 5)),  # empty
+    ("e", "I32", (7,)),
+    ("f", "NVFP4", (130, 16)),
+    ("g", "BF16", (2, 3)),
+]
+
+
+@pytest.mark.parametrize("tensors", [RUN_TENSORS, [t for t in RUN_TENSORS if t[0] != "c"]])
+@pytest.mark.parametrize("max_shard_size", [None, 1 << 12, 200 << 10])
+@pytest.mark.parametrize("alignment", [64, 4096])
+def test_reserved_runs_give_the_bytes_of_add_packed(
+    tmp_path: Path,
+    tensors: list[tuple[str, str, tuple[int, ...]]],
+    max_shard_size: int | None,
+    alignment: int,
+) -> None:
+    """reserve_run takes the longest prefix that lies in one shard; its planes (views of one
+    buffer) are filled in any order and complete_run writes the run in one go: the files are
+    byte-identical to add_packed's, shards split where add_packed splits them."""
+    packed = {
+        name: layout_for(fmt).pack(fmt, make_logical(fmt, shape, i))
+        for i, (name, fmt, shape) in enumerate(tensors)
+    }
+
+    def write(out: Path, runs: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=alignment,
+                            max_shard_size=max_shard_size) as w:  # fmt: skip
+            if not runs:
+                for name, fmt, shape in tensors:
+                    w.add_packed(name, fmt, shape, packed[name], role="r",
+                                 provenance=provenance(fmt))  # fmt: skip
+                return out
+            todo = [(name, fmt, shape, "r", provenance(fmt)) for name, fmt, shape in tensors]
+            held = []
+            while todo:
+                run = w.reserve_run(todo)
+                held.append(run)
+                todo = todo[len(run.names) :]
+            with pytest.raises(UsageError, match="pending reservations"):
+                w.add_packed("x", "I32", (1,), [np.zeros(4, np.uint8)], role="r",
+                             provenance=provenance("I32"))  # fmt: skip
+            if len(held) > 1:
+                with pytest.raises(UsageError, match="in the order"):
+                    w.complete_run(held[1])
+            for run in reversed(held):  # filled in any order
+                for name, planes in zip(run.names, run.planes, strict=True):
+                    for dst, src in zip(planes, packed[name], strict=True):
+                        dst[...] = np.asarray(src).reshape(-1).view(np.uint8)
+            for run in held:
+                entries = w.complete_run(run)
+                assert [e.name for e in entries] == run.names
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
+def test_run_spread_wide_by_its_alignment_is_written_plane_by_plane(tmp_path: Path) -> None:
+    """A run whose gaps span more than 16 MiB is not gathered into one buffer: its planes are
+    written one by one (the gaps holes), with the bytes of add_packed."""
+    tensors = [(f"t{i}", "BF16", (3,)) for i in range(4)]  # 8 MiB apart: a 24 MiB span
+    packed = {
+        n: layout_for(f).pack(f, make_logical(f, s, i)) for i, (n, f, s) in enumerate(tensors)
+    }
+
+    def write(out: Path, runs: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=8 << 20) as w:
+            if not runs:
+                for name, fmt, shape in tensors:
+                    w.add_packed(name, fmt, shape, packed[name], role="r",
+                                 provenance=provenance(fmt))  # fmt: skip
+                return out
+            run = w.reserve_run([(n, f, s, "r", provenance(f)) for n, f, s in tensors])
+            for name, planes in zip(run.names, run.planes, strict=True):
+                planes[0][...] = np.asarray(packed[name][0]).reshape(-1).view(np.uint8)
+            w.complete_run(run)
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
+def test_reserved_run_refuses_what_reserve_refuses_and_leaves_the_writer_usable(
+    tmp_path: Path,
+) -> None:
+    bf16 = provenance("BF16")
+    with ArtifactWriter(tmp_path / "m", metadata=META) as w:
+        with pytest.raises(UsageError, match="at least one tensor"):
+            w.reserve_run([])
+        with pytest.raises(UsageError, match="added twice") as twice:
+            w.reserve_run([("a", "BF16", (2,), "r", bf16), ("a", "BF16", (2,), "r", bf16)])
+        assert twice.value.tensor == "a"
+        with pytest.raises(UsageError, match="control character"):
+            w.reserve_run([("a", "BF16", (2,), "r", bf16), ("b\n", "BF16", (2,), "r", bf16)])
+        with pytest.raises(UsageError) as shape:
+            w.reserve_run([("a", "BF16", (2,), "r", bf16), ("b", "BF16", (-1,), "r", bf16)])
+        assert shape.value.tensor == "b"
+        run = w.reserve_run([("a", "BF16", (2,), "r", bf16)])  # nothing of the refused ones
+        assert run.names == ["a"] and run.plane_offsets == [align_up(PRELUDE_SIZE, 4096)]
+        with pytest.raises(UsageError, match="added twice"):
+            w.reserve("a", "BF16", (2,), role="r", provenance=bf16)
+        run.planes[0][0][...] = 7
+        w.complete_run(run)
+        w.commit()
+    with open_artifact(tmp_path / "m") as art:
+        assert list(art.tensors) == ["a"]
+        assert bytes(art.plane_buffer("a", "words")) == bytes([7, 7, 7, 7])
+
+
+def test_refused_run_leaves_no_new_shard_behind(tmp_path: Path) -> None:
+    """A run whose first tensor would start a new shard and whose second is refused leaves
+    the writer as it was: committing then gives the files of a writer that never saw it."""
+    bf16 = provenance("BF16")
+    words = layout_for("BF16").pack("BF16", make_logical("BF16", (64,)))
+
+    def write(out: Path, attempt: bool) -> Path:
+        with ArtifactWriter(out, metadata=META, alignment=64, max_shard_size=300) as w:
+            w.add_packed("a", "BF16", (64,), words, role="r", provenance=bf16)
+            if attempt:
+                with pytest.raises(UsageError) as refused:
+                    w.reserve_run(
+                        [("b", "BF16", (64,), "r", bf16), ("c", "BF16", (-1,), "r", bf16)]
+                    )
+                assert refused.value.tensor == "c"
+        return out
+
+    assert _files(write(tmp_path / "r", True)) == _files(write(tmp_path / "p", False))
+
+
+@pytest.mark.parametrize("fmt", ["W8G32_F16S", "NVFP4"])  # row-split, blockscale
+def test_completed_run_with_padding_bits_set_is_refused(tmp_path: Path, fmt: str) -> None:
+    shape = (3, 70) if fmt != "NVFP4" else (130, 16)
+    planes = layout_for(fmt).pack(fmt, make_logical(fmt, shape))
+    with ArtifactWriter(tmp_path / "m", metadata=META) as w:
+        prov = provenance(fmt)
+        run = w.reserve_run([("a", fmt, shape, "r", prov), ("w", fmt, shape, "r", prov)])
+        for views in run.planes:
+            for dst, src in zip(views, planes, strict=True):
+                dst[:] = np.asarray(src).reshape(-1).view(np.uint8)
+        plane, byte = (1, 1) if fmt == "NVFP4" else (-1, -1)
+        run.planes[1][plane][byte] = 0xFF
+        with pytest.raises(UsageError, match="non-canonical padding") as refused:
+            w.complete_run(run)
+        assert refused.value.tensor == "w"
+        w.abort()
+
+
 @pytest.mark.parametrize("fmt", ["W8G32_F16S", "NVFP4"])  # row-split, blockscale
 @pytest.mark.parametrize("big", [False, True])  # inline, mapped
 def test_completed_reservation_with_padding_bits_set_is_refused(
@@ -828,3 +978,39 @@ def test_unencodable_names_refused(tmp_path: Path) -> None:
             w.add_file(__file__, "x\ud800")
     with open_artifact(tmp_path / "m") as art:
         assert len(art.tensors) == 0
+
+
+def test_geometry_checked_in_bulk_raises_what_each_entry_check_raises() -> None:
+    """check_entries_geometry answers "all clear" only when check_tensor_geometry of every
+    entry passes; otherwise it raises that check's very error, for the first bad entry."""
+    from dataclasses import replace
+
+    from ninfer_convert.container.checks import check_entries_geometry, check_tensor_geometry
+    from ninfer_convert.container.schema import PlaneEntry
+
+    def entry(name: str, shape: tuple[int, ...]) -> TensorEntry:
+        return TensorEntry(name, "BF16", "contiguous-le-v1", shape, shape,
+                           (PlaneEntry("words", 4096, 2 * int(np.prod(shape)), "0" * 32),),
+                           "r", Provenance.from_json(provenance("BF16"), "p"))  # fmt: skip
+
+    good = [entry("a", (2,)), entry("b", (2,)), entry("c", (3, 2))]
+    check_entries_geometry(good, lambda e: e.name, {})
+    plane = good[1].planes[0]
+    bad = [
+        replace(good[1], name="b\x07"),
+        replace(good[1], physical=(3,)),
+        replace(good[1], planes=(replace(plane, nbytes=6),)),
+        replace(good[1], planes=(replace(plane, name="codes"),)),
+        replace(good[1], planes=(plane, plane)),
+    ]
+    for wrong in bad:
+        with pytest.raises(SchemaError) as expected:
+            check_tensor_geometry(wrong, "x", {})
+        cache: dict[Any, Any] = {}
+        check_entries_geometry(good, lambda e: "x", cache)  # the cache holds b's answer
+        with pytest.raises(SchemaError) as got:
+            check_entries_geometry([good[0], wrong, good[2]], lambda e: "x", cache)
+        assert (got.value.where, got.value.message) == (
+            expected.value.where,
+            expected.value.message,
+        )

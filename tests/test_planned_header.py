@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from artifact_fixtures import ALL_FORMATS, DEFAULT_SHAPES, META, make_logical, provenance
 
+import ninfer_convert.container.placement as placement_module
 import ninfer_convert.container.writer as writer_module
 from ninfer_convert.container import ArtifactWriter
 from ninfer_convert.container.placement import (
@@ -18,7 +19,14 @@ from ninfer_convert.container.placement import (
     header_json,
     planned_size,
 )
-from ninfer_convert.container.schema import ArtifactMeta, Header, Provenance, ShardInfo, SideFile
+from ninfer_convert.container.schema import (
+    ArtifactMeta,
+    Header,
+    Provenance,
+    RuleRef,
+    ShardInfo,
+    SideFile,
+)
 from ninfer_convert.container.wire import canonical_json
 from ninfer_convert.formats import lookup_format
 from ninfer_convert.layouts import lookup_layout
@@ -124,3 +132,80 @@ def test_the_writer_fills_planned_entries_and_writes_the_same_bytes(
                  max_shard_size=max_shard, planned=other)  # fmt: skip
     assert _write(tmp_path / "other", other, alignment, max_shard) == plain
     assert len(encoded) >= len(ALL_FORMATS) - 1  # only a tensor at offset 4096 may match
+
+
+class _Str(str):
+    pass
+
+
+RULE = RuleRef(1, 7, "other.*")
+
+
+def _kinds() -> list[tuple[str, str, tuple[int, ...], str, Provenance]]:
+    """Entries of a few kinds, each kind many times, with values equal under ``==`` but of
+    other types (which the fast path must not take for its kind's), and entries of equal
+    values but other rule and constraint objects."""
+    base = Provenance.from_json(provenance("BF16", shape=(3, 5)), "p")
+    src = base.sources[0]
+
+    def prov(**kw: Any) -> Provenance:
+        return dataclasses.replace(base, sources=(dataclasses.replace(src, **kw),))
+
+    out: list[tuple[str, str, tuple[int, ...], str, Provenance]] = []
+    for i, n in enumerate(NAMES * 3):
+        name, srcname = f"{n}.{i}", n if i % 2 else f"{n}.{i}"
+        out += [
+            (name, "BF16", (3, 5), "weight", prov(name=srcname)),
+            (name + "b", "BF16", (3, 5), "weight", prov(name=name + "b")),  # own name
+            (name + "k", "BF16", (3, 5), "weight", prov(name=srcname, shape=(1, 5))),
+            (name + "c", "BF16", (3, 5), "weight", prov(name=srcname, shape=(True, 5))),
+            (name + "d", "BF16", (3, 5), _Str("weight"), prov(name=srcname)),
+            (name + "e", "BF16", (3, 5), "weight", prov(name=srcname, dtype=_Str("BF16"))),
+            (name + "f", "FP32", (3, 5), "weight", prov(name=srcname)),
+            (name + "g", "BF16", (3, 5), "weight",
+             dataclasses.replace(prov(name=srcname), rule=dataclasses.replace(base.rule))),
+            (name + "l", "BF16", (3, 5), "weight",
+             dataclasses.replace(prov(name=srcname), rule=RULE)),
+            (name + "h", "BF16", (3, 5), "weight",
+             dataclasses.replace(prov(name=srcname), conversion=_Str("bf16-to-f32"))),
+            (name + "i", "BF16", (3, 5), "weight",
+             dataclasses.replace(prov(name=srcname), constraints=("finite-only",))),
+            (name + "j", "Q4G64_F16S", (3, 64), "weight", prov(name=srcname, shape=(3, 64))),
+        ]  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("alignment", "max_shard"), [(64, None), (4096, 20_000)])
+def test_the_fast_path_plans_what_the_general_path_plans(
+    monkeypatch: pytest.MonkeyPatch, alignment: int, max_shard: int | None
+) -> None:
+    """Entries of a kind seen before are planned from the kind's template: the same size and
+    the same planned entries, field for field and byte for byte, as the entry-by-entry path,
+    which they do not take."""
+    fast: dict[str, PlannedEntry] = {}
+    size = planned_size(_kinds(), metadata=META, side_files=[("a", 3)], alignment=alignment,
+                        max_shard_size=max_shard, planned=fast)  # fmt: skip
+    built = []
+    real_entry = placement_module.TensorEntry
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        built.append(kw.get("name"))
+        return real_entry(*args, **kw)
+
+    monkeypatch.setattr(placement_module, "TensorEntry", counted)
+    planned_size(_kinds(), metadata=META, side_files=[("a", 3)], alignment=alignment,
+                 max_shard_size=max_shard, planned={})  # fmt: skip
+    # Half the variants are of inexact types or fresh rules: only the other half is fast.
+    assert 0 < len(built) < len(_kinds()) * 0.6
+    built.clear()
+    monkeypatch.setattr(placement_module, "_fast_key", lambda *a: None)
+    slow: dict[str, PlannedEntry] = {}
+    again = planned_size(_kinds(), metadata=META, side_files=[("a", 3)], alignment=alignment,
+                         max_shard_size=max_shard, planned=slow)  # fmt: skip
+    assert again == size
+    assert len(built) == len(_kinds())
+    assert list(fast) == list(slow)
+    for name, p in fast.items():
+        q = slow[name]
+        assert p == q and [type(v) for v in p] == [type(v) for v in q], name
+        assert p.pieces and placement_module._PLACEHOLDER_MARK.join(p.pieces) == entry_json(p.entry)

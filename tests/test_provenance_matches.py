@@ -7,6 +7,7 @@ a different value, an equal value of another type, or a foreign object."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from test_pinned_outputs import _copy_source
 from test_pinned_plan_json import every_op_source
 
 from ninfer_convert.container.schema import Provenance, RuleRef, SourceRef
-from ninfer_convert.derive import provenance_matches, provenance_of
+from ninfer_convert.container.wire import canonical_json
+from ninfer_convert.derive import provenance_matches, provenance_of, provenances
 from ninfer_convert.recipe import PlanEntry, build_plan, load_recipe
 from ninfer_convert.source import open_source
 
@@ -100,3 +102,31 @@ def test_a_fresh_but_equal_provenance_matches(tmp_path: Path) -> None:
     )  # fmt: skip
     assert fresh == prov and fresh is not prov
     assert provenance_matches(entry, fresh)
+
+
+def test_provenances_builds_what_provenance_of_builds(tmp_path: Path) -> None:
+    """The bulk builder (slot fillers, one rule reference per plan rule) gives equal values of
+    the same types, field for field, for every kind of entry; rules are told apart by object,
+    not by a reused id."""
+    entries = _entries(tmp_path)
+    plain = next(e for e in entries if not e.transforms and e.copy is None)
+    rule = plain.rule
+    rules = [dataclasses.replace(rule, index=rule.index + 10), dataclasses.replace(rule, line=0),
+             dataclasses.replace(rule, pattern=rule.pattern + "x")]  # fmt: skip
+    entries += [dataclasses.replace(plain, output=f"x.{i}", rule=r) for i, r in enumerate(rules)]
+    wanted = {e.output: provenance_of(e) for e in entries}  # the last of a name wins
+
+    def fresh() -> Iterator[PlanEntry]:  # entries (and rules) dropped once used
+        for e in entries:
+            yield dataclasses.replace(e, rule=dataclasses.replace(e.rule))
+
+    assert provenances(fresh()) == wanted
+    got = provenances(entries)
+    assert list(got) == list(wanted)
+    for name, want in wanted.items():
+        have = got[name]
+        assert type(have) is Provenance and have == want
+        assert canonical_json(have.to_json()) == canonical_json(want.to_json())
+        for f in dataclasses.fields(Provenance):
+            assert type(getattr(have, f.name)) is type(getattr(want, f.name)), f.name
+        assert [type(s) for s in have.sources] == [SourceRef] * len(want.sources)

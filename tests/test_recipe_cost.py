@@ -16,7 +16,7 @@ from ninfer_convert.cli import main
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.formats import FORMATS
 from ninfer_convert.layouts import lookup_layout
-from ninfer_convert.recipe import PADDING_TOLERANCE, padding_warning
+from ninfer_convert.recipe import PADDING_TOLERANCE, padding_warning, padding_warnings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-qwen3.5"
@@ -123,3 +123,19 @@ def test_convert_report_totals_and_warnings_are_the_plan_json_ones(tmp_path: Pat
     plan = report.plan.to_dict()
     assert doc["totals"] == plan["totals"] and doc["warnings"] == plan["warnings"]
     assert doc["warnings"] and doc["totals"]["tensors"] == len(report.plan.entries)
+
+
+def test_warnings_of_repeated_shapes_name_each_tensor(tmp_path: Path) -> None:
+    """The answer is worked out once per (format, shape, bytes); every warning still names
+    its own tensor, in the entries' order, and equals the one-tensor answer."""
+    tensors = {f"w{i}": torch.ones(4 + i % 2, 16, dtype=torch.bfloat16) for i in range(6)}
+    src = make_source(tmp_path / "m", tensors)
+    plan = plan_text(
+        "- match: 're:w.*'\n  format: Q4G64_F16S\n  encoder_profile: MAXABS_F16_RECIP_RNE_V1\n"
+        "  role: r\n  evidence: [e1]\n",
+        src,
+    )
+    got = padding_warnings(plan.entries)
+    want = [padding_warning(e.output, e.format, e.shape, e.encoded_bytes) for e in plan.entries]
+    assert list(got) == want and len({w.tensor for w in got}) == 6
+    assert [w.shape for w in got] == [e.shape for e in plan.entries]

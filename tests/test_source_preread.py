@@ -95,6 +95,33 @@ def test_preread_reads_what_read_reads(tmp_path: Path, monkeypatch: pytest.Monke
         _same(src.read(n), alone[n])
 
 
+def test_preread_bytes_are_the_raw_bytes_read_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _mixed(tmp_path / "m")
+    src = open_source(root)
+    infos = list(src.tensors.values())
+    calls = []
+    real = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        calls.append(n)
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(checkpoint.os, "pread", counted)
+    got = src.preread_bytes(infos)
+    monkeypatch.undo()
+    small = [i.name for i in infos if 0 < i.nbytes <= checkpoint.SMALL_READ_BYTES]
+    # Not the empty ones, not the mapped big ones, not one alone between two big ones.
+    assert set(got) <= set(small) and len(got) > len(small) // 2
+    assert len(calls) < len(got) // 4
+    for name, raw in got.items():
+        assert bytes(raw) == src.read(name).words.tobytes()
+    with open(root / "model.safetensors", "ab") as fh:
+        fh.write(b"\0" * 8)  # the file grew after it was opened: left to read, which reports
+    assert src.preread_bytes(infos) == {}
+
+
 def test_preread_leaves_a_changed_file_to_read(tmp_path: Path) -> None:
     root = _mixed(tmp_path / "m")
     src = open_source(root)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import mmap
 import os
 import types
 from collections.abc import Iterator, Mapping
@@ -322,6 +323,11 @@ class Artifact:
             f"tensor has no plane {plane!r}; it has {[p.name for p in info.planes]}",
             tensor=name,
         )
+
+    def mapping_of(self, name: str) -> mmap.mmap:
+        """The read-only map of the file storing ``name``, valid until :meth:`close` (for checks
+        that slice many tiny planes: a :meth:`plane_buffer` each cost more than comparing)."""
+        return self._owner[self._info(name).name].mapping()
 
     def _decode_error(self, info: TensorInfo, exc: NinferError) -> ArtifactError:
         return ArtifactError(f"cannot decode: {exc.message}", path=str(info.file), tensor=info.name)

@@ -9,7 +9,7 @@ decides whether that is a usage error (writer) or an artifact error (reader).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = [
     "MAX_SIDE_FILE_DEPTH",
     "GeometryCache",
     "check_alignment",
+    "check_entries_geometry",
     "check_header_tensors",
     "check_provenance",
     "check_side_file_name",
@@ -147,6 +148,42 @@ def check_tensor_geometry(
             )
     check_provenance(entry.provenance, entry.format, f"{where}.provenance")
     return specs
+
+
+def check_entries_geometry(
+    entries: Sequence[TensorEntry], where: Callable[[TensorEntry], str], cache: GeometryCache
+) -> None:
+    """:func:`check_tensor_geometry` of each of ``entries`` (``where(entry)`` names it in a
+    message), in bulk: the names joined for one control-character scan, each entry compared
+    with its (format, layout, shape)'s answer, kept in ``cache`` with its plane names and
+    sizes.  Any doubt runs :func:`check_tensor_geometry` itself, which raises the problem it
+    always raised; a pass only ever answers "all clear"."""
+    names = [e.name for e in entries]
+    sound = bool(names) and min(map(len, names)) >= 1 and max(map(len, names)) <= MAX_NAME_CHARS
+    if not sound or _CONTROL_CHAR.search("".join(names)) is not None:
+        for entry in entries:
+            check_tensor_geometry(entry, where(entry), cache)
+        return
+    planes_of = _planes_of
+    for entry in entries:
+        key = (entry.format, entry.layout, entry.shape)
+        known = planes_of.get(key) if key in cache else None
+        if (
+            known is None
+            or entry.physical != known[0]
+            or tuple([(p.name, p.nbytes) for p in entry.planes]) != known[1]
+        ):
+            specs = check_tensor_geometry(entry, where(entry), cache)  # raises any problem
+            if len(planes_of) >= 4096:  # a bound; models repeat a few shapes
+                planes_of.clear()
+            planes_of[key] = (cache[key][1], tuple([(p.name, p.nbytes) for p in specs]))
+        elif entry.provenance.encoder_profile is not None:
+            check_provenance(entry.provenance, entry.format, f"{where(entry)}.provenance")
+
+
+_planes_of: dict[tuple[str, str, tuple[int, ...]], tuple[tuple[int, ...], tuple[Any, ...]]] = {}
+"""(format, layout, shape) -> (physical extents, (plane name, bytes) pairs) of answers that
+passed :func:`check_tensor_geometry` (the registry's answer: the same for every header)."""
 
 
 def check_header_tensors(

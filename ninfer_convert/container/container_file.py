@@ -186,9 +186,13 @@ class ContainerFile:
         self.header = header
 
     def buffer(self, offset: int, nbytes: int) -> memoryview:
+        return memoryview(self.mapping())[offset : offset + nbytes]
+
+    def mapping(self) -> mmap.mmap:
+        """The file's read-only map (UsageError once closed)."""
         if self.mm is None:
             raise UsageError("the artifact is closed", path=str(self.path))
-        return memoryview(self.mm)[offset : offset + nbytes]
+        return self.mm
 
     def close(self) -> None:
         if self.mm is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json.encoder
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .schema import (
@@ -38,7 +39,7 @@ from .schema import (
 )
 from .wire import MAX_INT, canonical_json
 
-__all__ = ["MAX_TEMPLATES", "EntryTemplates"]
+__all__ = ["MAX_TEMPLATES", "EntryTemplates", "Template", "fill"]
 
 # ``json.dumps(..., ensure_ascii=False)`` encodes every string with this function (the C one
 # when the accelerator is built), so a value encoded alone is the bytes it has inside the whole.
@@ -55,7 +56,7 @@ MAX_TEMPLATES = 4096
 digest, say) would otherwise keep a second copy of every entry's JSON and gain nothing."""
 
 _PROV_FIELDS = tuple(f.name for f in dataclasses.fields(Provenance) if f.name != "sources")
-_Template = tuple[tuple[bytes, ...], tuple[tuple[str, int], ...]]
+Template = tuple[tuple[bytes, ...], tuple[tuple[str, int], ...]]
 """The pieces between the markers, and which value goes after each piece but the last:
 ("name", 0), ("offset", plane index) or ("source", source index)."""
 
@@ -64,25 +65,31 @@ class EntryTemplates:
     """A cache of entry templates (see the module contract); one per size plan."""
 
     def __init__(self) -> None:
-        self._templates: dict[tuple[Any, ...], _Template | None] = {}
+        self._templates: dict[tuple[Any, ...], Template | None] = {}
 
     def encode(self, entry: TensorEntry) -> bytes:
         """``canonical_json(entry.to_json())``."""
+        template = self.template(entry)
+        if template is None:
+            return canonical_json(entry.to_json())
+        return _fill(template, entry)
+
+    def template(self, entry: TensorEntry) -> Template | None:
+        """The template of ``entry``'s kind (made now if new), or None when it has none: see
+        :func:`fill` for entries of the same kind."""
         try:
             key = _key(entry)
             known = key is not None and key in self._templates
         except TypeError:  # an unhashable or odd value somewhere: no template for it
             key = None
         if key is None:
-            return canonical_json(entry.to_json())
-        template = self._templates[key] if known else None
-        if not known:
-            if len(self._templates) >= MAX_TEMPLATES:
-                return canonical_json(entry.to_json())
-            template = self._templates[key] = _template(entry)
-        if template is None:
-            return canonical_json(entry.to_json())
-        return _fill(template, entry)
+            return None
+        if known:
+            return self._templates[key]
+        if len(self._templates) >= MAX_TEMPLATES:
+            return None
+        template = self._templates[key] = _template(entry)
+        return template
 
 
 def _key(entry: TensorEntry) -> tuple[Any, ...] | None:
@@ -148,7 +155,7 @@ def _plain_transform(t: object) -> bool:
     return type(t) is TransposeTransform
 
 
-def _template(entry: TensorEntry) -> _Template | None:
+def _template(entry: TensorEntry) -> Template | None:
     """The pieces of ``entry``'s JSON around its varying values, or None (see the contract)."""
     if len(entry.planes) > 4096:
         return None
@@ -180,19 +187,35 @@ def _template(entry: TensorEntry) -> _Template | None:
     return pieces, slots
 
 
-def _fill(template: _Template, entry: TensorEntry) -> bytes:
+# The slots of an entry of one plane and one source (keys sorted: name, planes, provenance).
+_ONE_PLANE_ONE_SOURCE = (("name", 0), ("offset", 0), ("source", 0))
+
+
+def _fill(template: Template, entry: TensorEntry) -> bytes:
+    offsets = [p.offset for p in entry.planes]
+    return fill(template, entry.name, offsets, [s.name for s in entry.provenance.sources])
+
+
+def fill(template: Template, name: str, offsets: Sequence[int], sources: Sequence[str]) -> bytes:
+    """The JSON of the entry of ``template``'s kind with this name, these plane offsets and
+    these source names (exact ``str`` and ``int`` values: the caller's to check), without
+    building the entry: ``EntryTemplates.encode`` of it."""
     pieces, slots = template
-    out = [pieces[0]]
-    planes, sources = entry.planes, entry.provenance.sources
-    name = entry.name
     name_json = _encode_str(name).encode("utf-8")
+    if slots == _ONE_PLANE_ONE_SOURCE:  # most entries: no loop
+        source = sources[0]
+        source_json = name_json if source == name else _encode_str(source).encode("utf-8")
+        offset = str(offsets[0]).encode("ascii")
+        return b"".join((pieces[0], name_json, pieces[1], offset, pieces[2], source_json,
+                         pieces[3]))  # fmt: skip
+    out = [pieces[0]]
     for (what, i), piece in zip(slots, pieces[1:], strict=True):
         if what == "offset":
-            out.append(str(planes[i].offset).encode("ascii"))
+            out.append(str(offsets[i]).encode("ascii"))
         elif what == "name":
             out.append(name_json)
         else:
-            source = sources[i].name
+            source = sources[i]
             # A tensor copied under its own name: the same string, encoded once.
             out.append(name_json if source == name else _encode_str(source).encode("utf-8"))
         out.append(piece)

@@ -27,7 +27,7 @@ from ..layouts import PlaneSpec
 from .schema import Provenance, TensorEntry
 from .wire import PRELUDE_SIZE
 
-__all__ = ["Reservation", "WrittenTensor"]
+__all__ = ["Reservation", "RunReservation", "WrittenTensor"]
 
 _WRITEBACK_BATCH = 8 << 20
 """New bytes a shard gathers before their writeback is started: a flush and a
@@ -170,6 +170,66 @@ class Reservation:
             with contextlib.suppress(BufferError):  # a view still held: unmapped when dropped
                 self._map.close()
             self._map = None
+
+
+class RunReservation:
+    """Consecutive small tensors of one shard reserved as one unit
+    (:meth:`~.shardwriter.ShardWriter.reserve_run`): ``planes[i]`` are tensor ``i``'s planes,
+    views of one buffer in process memory (the planes' bytes back to back, without the
+    alignment gaps), filled by writing into them from any thread, then recorded and written
+    to the file at their offsets by one :meth:`~.shardwriter.ShardWriter.complete_run`.
+
+    Why one unit: one reservation object, buffer, task and write per run instead of per tensor
+    (their Python objects cost more than a one-element tensor's bytes)."""
+
+    __slots__ = ("buffer", "end", "formats", "geometry", "names", "offsets", "plane_offsets",
+                 "plane_sizes", "planes", "provenances", "roles", "shard", "sizes")  # fmt: skip
+
+    def __init__(
+        self,
+        shard: _Shard,
+        names: list[str],
+        formats: list[str],
+        roles: list[str],
+        provenances: list[Provenance],
+        geometry: list[tuple[Any, tuple[int, ...], Sequence[PlaneSpec], tuple[int, ...]]],
+        offsets: list[list[int]],
+        end: int,
+    ) -> None:
+        self.shard, self.names, self.formats = shard, names, formats
+        self.roles, self.provenances = roles, provenances
+        self.geometry = geometry  # per tensor: (layout, dims, plane specs, physical extents)
+        self.offsets = offsets
+        self.end = end
+        self.sizes: list[int] = []  # plane bytes per tensor
+        self.plane_offsets: list[int] = []  # every plane's offset in the shard, in order
+        self.plane_sizes: list[int] = []
+        for g, offs in zip(geometry, offsets, strict=True):
+            tensor = [spec.nbytes for spec in g[2]]
+            self.sizes.append(sum(tensor))
+            self.plane_sizes += tensor
+            self.plane_offsets += offs
+        buffer = np.zeros(sum(self.sizes), dtype=np.uint8)
+        self.buffer: np.ndarray[Any, np.dtype[np.uint8]] | None = buffer
+        planes: list[list[np.ndarray[Any, np.dtype[np.uint8]]]] = []
+        at = 0
+        for g in geometry:
+            views = []
+            for spec in g[2]:
+                views.append(buffer[at : at + spec.nbytes])
+                at += spec.nbytes
+            planes.append(views)
+        self.planes = planes
+
+    @property
+    def name(self) -> str:
+        """The first tensor's name (what an error about the run as a whole names)."""
+        return self.names[0]
+
+    def release(self) -> None:
+        """Drop the buffer (a late write into a plane view lands in process memory only)."""
+        self.planes = []
+        self.buffer = None
 
 
 def _start_writeback(shard: _Shard, upto: int | None = None) -> None:

@@ -12,9 +12,12 @@ Contract:
   process memory for tensors of at most 256 KiB) and a ``sink`` that stores bytes there from
   any thread (a ``pwrite`` into the reserved, ``posix_fallocate``'d blocks); ``complete``
   records reservations in the order they were made, checking the padding and digesting the
-  stored bytes.  The file bytes equal those of ``add_packed`` with the same planes (tests
-  compare them).  ``add`` and ``add_packed`` are refused while a reservation is pending, and so
-  is ``commit``.
+  stored bytes.  ``reserve_run`` reserves consecutive tensors of one shard as one unit (the
+  same checks and offsets per tensor; planes are views of one buffer in process memory) and
+  ``complete_run`` records them all (padding, digests and header checks per tensor) and
+  writes the run, gaps included, in one write.  The file bytes equal those of ``add_packed``
+  with the same planes (tests compare them).  ``add`` and ``add_packed`` are refused while a
+  reservation is pending, and so is ``commit``.
 * Usage errors (bad names, wrong shapes) raise :class:`UsageError` / :class:`FormatError`
   before any byte of that tensor is written, and leave the writer usable; an ``OSError`` of
   the file system becomes a :class:`ResourceError` once the writer is aborted (the module
@@ -27,11 +30,10 @@ Contract:
 from __future__ import annotations
 
 import abc
-import contextlib
 import mmap
 import os
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,14 +56,20 @@ from .checks import (
 from .placement import (
     PlannedEntry,
     _Geometry,
-    _geometry_key,
     _placement,
     _starts_new_shard,
     check_writer_alignment,
 )
-from .schema import PlaneEntry, Provenance, SchemaError, TensorEntry
+from .runs import _naming, complete_run, reserve_checks, reserve_run
+from .schema import (
+    PlaneEntry,
+    Provenance,
+    SchemaError,
+    TensorEntry,
+)
 from .shardfile import (
     Reservation,
+    RunReservation,
     WrittenTensor,
     _map_region,
     _PlaneSink,
@@ -79,17 +87,6 @@ written by ``complete``: mapping the file for it (ftruncate, open, mmap, munmap)
 the tensor (20,000 one-element tensors: about 2 s of a 14 s convert)."""
 _INLINE_FLUSH = 1 << 20
 """Bytes of consecutive small tensors gathered before they are written (see _stage_inline)."""
-
-
-@contextlib.contextmanager
-def _naming(tensor: str) -> Iterator[None]:
-    """Attach the tensor name to an error raised by a layout, which does not know it."""
-    try:
-        yield
-    except NinferError as exc:
-        if exc.tensor is not None:
-            raise
-        raise exc.with_context(tensor=tensor) from exc
 
 
 class ShardWriter(abc.ABC):
@@ -112,7 +109,9 @@ class ShardWriter(abc.ABC):
         self.max_shard_size = max_shard_size
         self._names: set[str] = set()
         self._shards: list[_Shard] = []
-        self._reserved: deque[Reservation] = deque()  # reserved, not yet completed, in order
+        self._reserved: deque[Reservation | RunReservation] = (
+            deque()
+        )  # reserved, not yet completed, in order
         self._reserved_names: set[str] = set()
         # (format, shape) -> (layout, dims, plane specs, physical extents) of shapes already
         # accepted, and the header-entry check's own cache: a MoE checkpoint repeats a few
@@ -230,24 +229,9 @@ class ShardWriter(abc.ABC):
         recorded until :meth:`complete`.  The file gets the same bytes as ``add_packed`` of
         the same planes: the gaps are zero (a hole or written zeros read the same)."""
         self._require_open()
-        key = _geometry_key(fmt_name, shape)
-        known = None if key is None else self._geometry.get(key)
-        layout = self._layout(fmt_name) if known is None else known[0]
-        prov = self._entry_checks(name, fmt_name, role, provenance)
-        if name in self._reserved_names:
-            raise UsageError("tensor added twice", tensor=name)
-        if known is None:
-            try:
-                dims = layout.check_shape(fmt_name, shape)
-            except NinferError as exc:
-                raise UsageError(exc.message, tensor=name, hint=exc.hint) from None
-            with _naming(name):
-                specs: Sequence[PlaneSpec] = tuple(layout.planes(fmt_name, dims))
-                physical = layout.physical_extents(fmt_name, dims)
-            if key is not None:
-                self._geometry[key] = (layout, dims, specs, physical)
-        else:
-            _, dims, specs, physical = known
+        (_, dims, specs, physical), prov = reserve_checks(
+            self, name, fmt_name, shape, role, provenance
+        )
         shard, offsets, end = self._place(specs)
         handle = shard.handle
         assert handle is not None  # the last shard is always open
@@ -283,6 +267,16 @@ class ShardWriter(abc.ABC):
         self._reserved.append(res)
         self._reserved_names.add(name)
         return res
+
+    def reserve_run(
+        self, tensors: Sequence[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]]
+    ) -> RunReservation:
+        """Reserve consecutive small tensors of one shard as one unit (see :mod:`.runs`)."""
+        return reserve_run(self, tensors)
+
+    def complete_run(self, run: RunReservation) -> list[TensorEntry]:
+        """Record and write a filled run, the oldest reservation (see :mod:`.runs`)."""
+        return complete_run(self, run)
 
     def _sink_error(self, name: str, exc: OSError) -> ResourceError:
         # Raised in a worker; the conversion's unwinding aborts the writer (its __exit__).
@@ -422,7 +416,7 @@ class ShardWriter(abc.ABC):
             raise UsageError(exc.message, tensor=name, where=exc.where) from None
         planned = self._planned.get(name)  # its JSON shows that the same strings encode
         try:
-            if planned is None or (planned.entry.role, planned.entry.provenance) != (role, prov):
+            if planned is None or (planned.role, planned.provenance) != (role, prov):
                 canonical_json([name, role, prov.to_json()])
         except UnicodeEncodeError as exc:
             raise UsageError(f"not encodable as UTF-8: {exc.reason}", tensor=repr(name)) from None

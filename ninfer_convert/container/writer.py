@@ -57,6 +57,7 @@ from typing import Any
 from .._startup import pause_point
 from ..errors import ResourceError, UsageError
 from .checks import check_tensor_geometry
+from .metadata_json import metadata_json
 from .placement import (
     INDEX_VERSION,
     PlannedEntry,
@@ -212,7 +213,8 @@ class ArtifactWriter(ShardWriter):
             # the JSON form is built once and serves both the re-check and the encoding test.
             as_json = meta.to_json()
             meta = ArtifactMeta.from_json(as_json, "metadata")
-            canonical_json(as_json)
+            # The encoding test's bytes are what every shard header holds (commit).
+            encoded = metadata_json(as_json)
         except SchemaError as exc:
             raise _usage(exc, "artifact metadata") from None
         except (TypeError, ValueError) as exc:
@@ -221,6 +223,7 @@ class ArtifactWriter(ShardWriter):
             raise UsageError(
                 f"metadata alignment {meta.alignment} differs from the writer's {self.alignment}"
             )
+        self._metadata_json = encoded
         return meta
 
     def set_metadata(self, metadata: ArtifactMeta | Mapping[str, Any]) -> None:
@@ -386,11 +389,16 @@ class ArtifactWriter(ShardWriter):
         for shard in self._shards:
             self._finish_payload(shard)
             known = shard.entry_json
+            if list(known) == list(range(len(shard.tensors))):  # every entry planned, in order
+                entries = list(known.values())
+            else:
+                entries = [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)]
             raw = header_json(
                 self._metadata,
                 files,
                 ShardInfo(shard.number, count),
-                [known.get(i) or entry_json(t) for i, t in enumerate(shard.tensors)],
+                entries,
+                metadata_json=self._metadata_json,
             )
             if len(raw) > MAX_HEADER_BYTES:
                 raise UsageError(
@@ -415,9 +423,10 @@ class ArtifactWriter(ShardWriter):
             os.replace(shard.path, self.staging / final)
             size = shard.cursor + len(raw)
             index_shards.append(IndexShard(final, size, digest.hex()))
-            for t in shard.tensors:
-                weight_map[t.name] = final
-                total += sum(p.nbytes for p in t.planes)
+            if count > 1:  # the index's: a single file has none
+                for t in shard.tensors:
+                    weight_map[t.name] = final
+                    total += sum(p.nbytes for p in t.planes)
         if count > 1:
             index = IndexFile(INDEX_VERSION, total, tuple(index_shards), weight_map)
             with open(self.staging / INDEX_NAME, "wb") as fh:

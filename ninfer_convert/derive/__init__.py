@@ -11,7 +11,8 @@ command imports the other.
 * :mod:`.fused`: the fused encode-and-pack row-block path of grouped formats.
 * :mod:`.device`: :func:`resolve_device` (``--device auto|cpu|cuda``).
 * :mod:`.provenance`: :func:`provenance_of`, the provenance recorded for an entry, and
-  :func:`provenance_matches`, the comparison verify makes with it.
+  :func:`provenance_matches`, the comparison verify makes with it (:func:`provenances`: every
+  entry's, built in bulk).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .entry import (
     host_stream_equals,
     plane_stream,
 )
-from .provenance import provenance_matches, provenance_of
+from .provenance import provenance_matches, provenance_of, provenances
 
 __all__ = [
     "DerivedTensor",
@@ -38,5 +39,6 @@ __all__ = [
     "plane_stream",
     "provenance_matches",
     "provenance_of",
+    "provenances",
     "resolve_device",
 ]

@@ -54,6 +54,7 @@ from .fused import (
 __all__ = [
     "DerivedTensor",
     "PackedTensor",
+    "derive_into",
     "derive_logical",
     "derive_packed",
     "host_grouped_equals",
@@ -207,6 +208,47 @@ def derive_packed(
     return PackedTensor(
         entry, planes, dict(derived.source_digests), derived.logical, derived.encode_input, spot
     )
+
+
+def derive_into(
+    entry: PlanEntry,
+    source: SourceCheckpoint,
+    out: list[npt.NDArray[np.uint8]],
+    *,
+    device: str = "cpu",
+    threads: int = 2,
+    seed: int = 0,
+) -> tuple[Mapping[str, str], int]:
+    """``derive_packed(entry, source, ..., out=out)`` (the same bytes in ``out``, the same
+    checks and errors) returning only what convert keeps of it: (source digests, rows
+    spot-checked).  A direct-format entry's blocks go straight into its plane: for the
+    one-element tensors of a run, the layers of :func:`plane_stream` and the
+    :class:`PackedTensor` cost more than the tensor."""
+    if not streams_directly(entry):
+        packed = derive_packed(entry, source, device=device, threads=threads, seed=seed, out=out)
+        return packed.source_digests, packed.spot_rows
+    stream = stream_direct(entry, source)
+    if len(out) != 1:  # every direct layout has one plane
+        raise ValueError("the out planes do not have the layout's sizes")
+    plane = out[0]
+    size = int(plane.size)
+    le = _little_endian(stream.word_dtype)
+    pos = 0
+    for block in stream.blocks():
+        data = block.astype(le, copy=False).view(np.uint8)
+        end = pos + data.size
+        if end > size:
+            raise ValueError("the out planes do not have the layout's sizes")
+        plane[pos:end] = data
+        pos = end
+    if pos != size:
+        raise ValueError("the out planes do not have the layout's sizes")
+    return stream.source_digests, 0
+
+
+@functools.cache
+def _little_endian(dtype: np.dtype[np.generic]) -> np.dtype[np.generic]:
+    return dtype.newbyteorder("<")
 
 
 def _packed_torch(

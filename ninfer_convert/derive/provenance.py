@@ -11,9 +11,14 @@ importance vector (so other artifacts stay byte-identical).
 :func:`provenance_matches` is ``provenance_of(entry) == stored`` without building the expected
 value for the common entry (one or more sources, no transform, copy path, importance or
 factor); any other entry is compared with :func:`provenance_of` itself.
+:func:`provenances` is ``{e.output: provenance_of(e) for e in entries}``, the common entry's
+built with the compiled slot fillers (the frozen ``__init__`` cost more than the rest) and one
+rule reference per plan rule.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from ..container.schema import (
     ConcatTransform,
@@ -26,9 +31,15 @@ from ..container.schema import (
     TransposeTransform,
 )
 from ..importance import vector_digest
+from ..jsonfields.objects import _maker
 from ..recipe import PlanEntry
 
-__all__ = ["provenance_matches", "provenance_of"]
+__all__ = ["provenance_matches", "provenance_of", "provenances"]
+
+# What the compiled decoders build these with: instances equal to the classes' own (see
+# _maker), without the frozen __init__'s object.__setattr__ per field.
+_make_provenance = _maker(Provenance)
+_make_source = _maker(SourceRef)
 
 
 def provenance_of(entry: PlanEntry) -> Provenance:
@@ -54,6 +65,25 @@ def provenance_of(entry: PlanEntry) -> Provenance:
         factor=None if entry.factor is None else entry.factor.digest,
         factor_block=None if entry.factor is None else entry.factor.block,
     )
+
+
+def provenances(entries: Iterable[PlanEntry]) -> dict[str, Provenance]:
+    """Every entry's :func:`provenance_of`, by output name (see the module contract)."""
+    # id(plan rule) -> (plan rule, its reference): holding the rule keeps its id its own.
+    rules: dict[int, tuple[object, RuleRef]] = {}
+    out: dict[str, Provenance] = {}
+    for e in entries:
+        if e.transforms or e.copy is not None or e.importance is not None or e.factor is not None:
+            out[e.output] = provenance_of(e)
+            continue
+        rule = e.rule
+        known = rules.get(id(rule))
+        if known is None:
+            known = rules[id(rule)] = (rule, RuleRef(rule.index, rule.line, rule.pattern))
+        refs = tuple([_make_source(s.name, s.dtype, s.shape, s.file) for s in e.sources])
+        out[e.output] = _make_provenance(refs, e.conversion, (), e.encoder_profile, known[1],
+                                         e.constraints, None, None, None)  # fmt: skip
+    return out
 
 
 def provenance_matches(entry: PlanEntry, stored: Provenance) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
@@ -117,8 +117,23 @@ def padding_warning(
 def padding_warnings(entries: Iterable[PlanEntry]) -> tuple[PaddingWarning, ...]:
     """The warnings of every entry, in the entries' order."""
     out = []
+    # The answer depends on the values of (format, shape, bytes) only: a checkpoint of many
+    # tensors repeats a few of them.  A warning still names its own tensor and shape.
+    known: dict[tuple[str, tuple[int, ...], int], PaddingWarning | None] = {}
     for e in entries:
-        w = padding_warning(e.output, e.format, e.shape, e.encoded_bytes)
-        if w is not None:
-            out.append(w)
+        key = (e.format, e.shape, e.encoded_bytes)
+        try:
+            w = known[key]
+        except KeyError:
+            w = known[key] = padding_warning(e.output, e.format, e.shape, e.encoded_bytes)
+            if w is not None:
+                out.append(w)
+            continue
+        except TypeError:  # an unhashable shape: no memo for it
+            w = padding_warning(e.output, e.format, e.shape, e.encoded_bytes)
+            if w is not None:
+                out.append(w)
+            continue
+        if w is not None:  # another tensor's: this one's own names
+            out.append(replace(w, tensor=e.output, format=e.format, shape=tuple(e.shape)))
     return tuple(out)

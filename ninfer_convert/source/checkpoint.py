@@ -52,6 +52,8 @@ Contract:
   of the named small tensors take their bytes from one ``pread`` per run of neighbouring
   tensors, the size checked before each such ``pread``; the same words, digests and errors
   as reading them one by one (a run that fails is left to :meth:`SourceCheckpoint.read`).
+  :meth:`SourceCheckpoint.preread_bytes` returns those runs' raw bytes per tensor instead
+  (verify checks a batch of direct copies with them).
 """
 
 from __future__ import annotations
@@ -254,12 +256,31 @@ class SourceCheckpoint:
         finally:
             self._pre.runs = outer
 
+    def preread_bytes(self, infos: Iterable[SourceTensorInfo]) -> dict[str, memoryview]:
+        """The raw bytes of the small tensors ``infos`` (entries of :attr:`tensors`) that
+        :meth:`preread` would read ahead, by tensor name (the same runs, one ``pread`` each,
+        the file's size checked before it); a tensor missing from the result (a run that
+        failed, a tensor alone in its run, a large one) is left to :meth:`read`.  For callers
+        that check many small tensors' bytes as one unit (``verify``'s direct copies, which
+        hold the infos already); the bytes are not digested here."""
+        runs: dict[str, memoryview] = {}
+        for file, members in self._runs_of(infos):
+            runs.update(self._read_run(file, members))
+        return runs
+
     def _preread_runs(self, names: Iterable[str]) -> Iterator[tuple[str, list[SourceTensorInfo]]]:
         """The small tensors of ``names`` grouped into runs of one file, by offset."""
+        tensors = self.tensors
+        return self._runs_of(info for name in names if (info := tensors.get(name)) is not None)
+
+    @staticmethod
+    def _runs_of(
+        infos: Iterable[SourceTensorInfo],
+    ) -> Iterator[tuple[str, list[SourceTensorInfo]]]:
+        """The small tensors of ``infos`` grouped into runs of one file, by offset."""
         by_file: dict[str, list[SourceTensorInfo]] = {}
-        for name in names:
-            info = self.tensors.get(name)
-            if info is not None and 0 < info.nbytes <= SMALL_READ_BYTES:
+        for info in infos:
+            if 0 < info.nbytes <= SMALL_READ_BYTES:
                 by_file.setdefault(info.file, []).append(info)
         for file, infos in by_file.items():
             infos.sort(key=_offset)

@@ -42,8 +42,11 @@ Contract of :func:`verify_artifact`:
   reader and compared word by word.  The stored planes and source bytes of the tensors ahead
   are read into the page cache in the background (:mod:`ninfer_convert.readahead`).
   Consecutive small tensors (:func:`ninfer_convert.scheduler.batches`, the scheduler convert
-  uses too) are checked one after the other by one worker task; each is still checked,
-  admitted and reported on its own.  At most
+  uses too) are checked by one worker task: its direct copies (:mod:`.copy_runs`: stored
+  words that are the source bytes as they are) as one unit, with one ``pread`` per run of
+  neighbouring source tensors and one digest per tensor for its source and plane digests;
+  any other tensor, and any copy that differs, one after the other on its own, so each
+  finding is the per-tensor path's, for its tensor.  At most
   :data:`~ninfer_convert.scheduler.MAX_INFLIGHT_ITEMS` tasks are submitted at a time.  Results
   are deterministic: findings are ordered by check, then by stored tensor order, whatever the
   scheduling.
@@ -181,20 +184,31 @@ def verify_artifact(
             progress(ProgressEvent(phase, done, total, item))
 
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    emit("open", 0, 1)
-    try:
-        art = open_artifact(path, check_header_digest=False)
-    except ArtifactError as exc:
-        timings["open"] = time.perf_counter() - t0
-        return _unopened_report(path, source, exc, started, settings, timings)
-    # As in convert, the collector is paused for the whole run (source plan, padding, tensors):
-    # nothing built per tensor is cyclic.
-    with art, paused_gc():
-        timings["open"] = time.perf_counter() - t0
-        emit("open", 1, 1)
-        elsewhere = None if tensor_checks is None else (tensor_checks, path)
-        run = _run_checks(art, options, emit, timings, settings, elsewhere)
+    # As in convert, the collector is paused for the whole run (open, source plan, padding,
+    # tensors): nothing built per tensor is cyclic.  The artifact and the run are dropped
+    # (freed by reference counting) before it resumes, so its first pass looks at the report,
+    # not at every header and plan entry of the run.
+    with paused_gc():
+        t0 = time.perf_counter()
+        emit("open", 0, 1)
+        try:
+            art = open_artifact(path, check_header_digest=False)
+        except ArtifactError as exc:
+            timings["open"] = time.perf_counter() - t0
+            return _unopened_report(path, source, exc, started, settings, timings)
+        with art:
+            timings["open"] = time.perf_counter() - t0
+            emit("open", 1, 1)
+            elsewhere = None if tensor_checks is None else (tensor_checks, path)
+            run = _run_checks(art, options, emit, timings, settings, elsewhere)
+        report = _report(path, run, started, settings, timings)
+        del art, run
+    return report
+
+
+def _report(
+    path: Path, run: _Run, started: float, settings: dict[str, Any], timings: dict[str, float]
+) -> VerifyReport:
     results = _results(run)
     return VerifyReport(
         artifact=str(path),

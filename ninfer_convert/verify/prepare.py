@@ -210,6 +210,8 @@ def _inventory_findings(art: Artifact, entries: Mapping[str, PlanEntry]) -> list
                 )
             )
             continue
+        if _header_agrees(info, entry):
+            continue
         problems = _header_problems(info, entry)
         if problems:
             words.append(
@@ -235,6 +237,29 @@ def _inventory_findings(art: Artifact, entries: Mapping[str, PlanEntry]) -> list
                 )
             )
     return words
+
+
+def _header_agrees(info: TensorInfo, entry: PlanEntry) -> bool:
+    """True only when :func:`_header_problems` finds nothing, decided without building its
+    lists (it runs for every stored tensor); an importance vector or a factor, and anything
+    that differs, is left to :func:`_header_problems`."""
+    stored = info.entry
+    prov = stored.provenance
+    if not (
+        stored.format == entry.format
+        and stored.shape == entry.shape
+        and prov.encoder_profile == entry.encoder_profile
+        and prov.conversion == entry.conversion
+        and entry.importance is None
+        and prov.importance is None
+        and entry.factor is None
+        and prov.factor is None
+        and len(prov.sources) == len(entry.sources)
+    ):
+        return False
+    if len(entry.sources) == 1:  # the common case, without a generator
+        return bool(prov.sources[0].name == entry.sources[0].name)
+    return all(a.name == b.name for a, b in zip(prov.sources, entry.sources, strict=True))
 
 
 def _header_problems(info: TensorInfo, entry: PlanEntry) -> list[str]:
@@ -278,11 +303,13 @@ def _recorded_metadata_findings(
         info = art.tensors.get(name)
         if info is None or name in skip:
             continue
+        # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
+        same = provenance_matches(entry, info.entry.provenance)
+        if same and info.role == entry.role:
+            continue
         problems = []
         if info.role != entry.role:
             problems.append(f"role {info.role!r}, the recipe gives {entry.role!r}")
-        # Equal typed values have equal JSON: only a difference needs the key-by-key walk.
-        same = provenance_matches(entry, info.entry.provenance)
         expected = {} if same else provenance_of(entry).to_json()
         stored = {} if same else info.entry.provenance.to_json()
         for key in sorted(set(expected) | set(stored)):

@@ -8,9 +8,11 @@ allocates (nothing for a tensor compared block by block from the mapped source o
 copy-path tensor, its source bytes for another re-derived tensor, its stored bytes for one
 only decoded), and a block-compared tensor that differs reserves its source bytes before it
 is derived whole; a tensor admitted at no cost never waits for the budget.  Consecutive small
-tensors run as one task (:func:`ninfer_convert.scheduler.batches`); the stored planes and
-source bytes of the tasks ahead are read into the page cache in the background (the window
-counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
+tensors run as one task (:func:`ninfer_convert.scheduler.batches`), whose direct copies are
+proven equal together (:func:`~.copy_runs.checked_copies`: the outcome
+:func:`~.tensor_checks.check_tensor` gives, or the tensor is checked on its own); the stored
+planes and source bytes of the tasks ahead are read into the page cache in the background (the
+window counts tasks; a task's ranges are requested per file, sorted and merged).  A tensor whose
 planes were not digested on the way has them digested here (``integrity``).
 ``emit('tensors', done, total, name)`` is called once before any tensor and once after each,
 from the worker threads.
@@ -22,52 +24,66 @@ import itertools
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..container import Artifact
+from ..formats import lookup_format
 from ..readahead import CHUNK, read_ahead
 from ..scheduler import Batch, ByteBudget, batches, bounded, inflight_budget, worker_pool
+from .copy_runs import checked_copies
 from .report import Finding
 from .tensor_checks import (
     SourceContext,
     TensorOutcome,
-    blockwise,
     check_tensor,
     input_streams,
-    streamed,
 )
-
-if TYPE_CHECKING:
-    from ..recipe import PlanEntry
 
 __all__ = ["run_tensors"]
 
 Emit = Callable[[str, int, int, str | None], None]
 
 
-def _entry_of(ctx: SourceContext | None, name: str) -> PlanEntry | None:
-    return ctx.entries.get(name) if ctx is not None else None
+def _costs(
+    art: Artifact, ctx: SourceContext | None, names: list[str]
+) -> tuple[dict[str, int], dict[str, int], int]:
+    """Each tensor's admission cost, its stored plus source bytes, and the largest tensor's
+    bytes the budget is sized for; one pass, with each format looked up once (this runs for
+    every tensor before the first is checked).
 
-
-def _cost(art: Artifact, ctx: SourceContext | None, name: str) -> int:
-    # What the check allocates.  Nothing tensor-sized for a grouped tensor compared block
-    # by block straight from the mapped source (source and stored planes are mapped, not
-    # copied), so such tensors never wait for each other; one that differs reserves its
-    # source bytes before it is derived whole (``reserve`` in _TensorWork).  Convert's measure
-    # (source bytes) for any other re-derived tensor; the stored bytes for a tensor that
-    # is only decoded.
-    entry = _entry_of(ctx, name)
-    if entry is None:
-        return art.tensors[name].nbytes
-    assert ctx is not None
-    if streamed(entry) or (blockwise(ctx, entry) and input_streams(entry)):
-        return 0
-    return entry.source_bytes
-
-
-def _source_bytes(ctx: SourceContext | None, name: str) -> int:
-    entry = _entry_of(ctx, name)
-    return entry.source_bytes if entry is not None else 0
+    The cost is what the check allocates.  Nothing tensor-sized for a direct format or a copy
+    path (streamed), or for a grouped tensor compared block by block on the host straight
+    from the mapped source (source and stored planes are mapped, not copied), so such tensors
+    never wait for each other; one that differs reserves its source bytes before it is
+    derived whole (``reserve`` in _TensorWork).  Convert's measure (source bytes) for any
+    other re-derived tensor; the stored bytes for a tensor that is only decoded."""
+    costs: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    largest = 0
+    tensors = art.tensors
+    entries = ctx.entries if ctx is not None else {}
+    on_host = ctx is not None and ctx.device == "cpu"
+    grouped: dict[str, bool] = {}
+    for n in names:
+        planes = tensors[n].planes
+        stored = planes[0].nbytes if len(planes) == 1 else sum(p.nbytes for p in planes)
+        entry = entries.get(n)
+        if entry is None:
+            cost, source_bytes = stored, 0
+        else:
+            source_bytes = entry.source_bytes
+            fmt = entry.format
+            is_grouped = grouped.get(fmt)
+            if is_grouped is None:
+                is_grouped = grouped[fmt] = lookup_format(fmt).is_grouped
+            free = entry.copy is not None or not is_grouped or (on_host and input_streams(entry))
+            cost = 0 if free else source_bytes
+        costs[n] = cost
+        sizes[n] = stored + source_bytes
+        # Sized for the largest tensor whatever its admission cost: a block-compared tensor
+        # that differs reserves its source bytes later.
+        if cost > largest or source_bytes > largest:
+            largest = max(cost, source_bytes)
+    return costs, sizes, largest
 
 
 class _TensorWork:
@@ -109,6 +125,11 @@ class _TensorWork:
         self.emit("tensors", next(self.done), self.total, name)
         return result
 
+    def checked(self, outcome: TensorOutcome) -> TensorOutcome:
+        """Report the progress of a tensor checked with its batch (:mod:`.copy_runs`)."""
+        self.emit("tensors", next(self.done), self.total, outcome.name)
+        return outcome
+
 
 def run_tensors(
     art: Artifact,
@@ -119,22 +140,17 @@ def run_tensors(
 ) -> list[TensorOutcome]:
     total = len(names)
     emit("tensors", 0, total, None)
-    costs: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    largest = 0
-    for n in names:
-        cost, source_bytes = _cost(art, ctx, n), _source_bytes(ctx, n)
-        costs[n] = cost
-        sizes[n] = art.tensors[n].nbytes + source_bytes
-        # Sized for the largest tensor whatever its admission cost: a block-compared tensor
-        # that differs reserves its source bytes later.
-        largest = max(largest, cost, source_bytes)
+    costs, sizes, largest = _costs(art, ctx, names)
     budget = ByteBudget(inflight_budget(largest))
     work = _TensorWork(art, ctx, costs, budget, total, emit)
-    tasks = list(enumerate(batches(names, lambda n: max(costs[n], sizes[n]))))
+    # A cost is 0, the source bytes or (not planned) the stored bytes, never above the size:
+    # the batches are cut by size.  A task's bytes are asked for by the read-ahead window more
+    # than once: summed once here.
+    tasks = list(enumerate(batches(names, sizes.__getitem__)))
+    task_sizes = [sum(map(sizes.__getitem__, batch.items)) for _, batch in tasks]
 
     def task_bytes(task: tuple[int, Batch[str]]) -> int:
-        return sum(sizes[n] for n in task[1].items)
+        return task_sizes[task[0]]
 
     def prefetch(task: tuple[int, Batch[str]]) -> None:
         _prefetch(art, ctx, task[1].items)
@@ -154,7 +170,13 @@ def run_tensors(
         def work_batch(task: tuple[int, Batch[str]]) -> list[TensorOutcome]:
             # One read-ahead top-up per batch: it requests every task up to this one.
             workers.ahead.started(task[0])
-            return [work(n) for n in task[1].items]
+            items = task[1].items
+            # The direct copies of the batch as one unit; every other tensor, and any copy
+            # that differs, on its own (so its findings are the per-tensor path's).
+            done = checked_copies(art, ctx, items) if ctx is not None and len(items) > 1 else {}
+            if not done:
+                return [work(n) for n in items]
+            return [work.checked(done[n]) if n in done else work(n) for n in items]
 
         if jobs == 1 or total <= 1:
             return [o for t in tasks for o in work_batch(t)]
@@ -177,25 +199,42 @@ def _prefetch(art: Artifact, ctx: SourceContext | None, names: tuple[str, ...]) 
     because the stored order need not be the source's: a batch of names in stored order reads
     scattered source bytes, and merging only back-to-back ranges left one request per tensor."""
     spans: dict[Path, list[tuple[int, int]]] = {}
-    paths: dict[str, Path] = {}
+    tensors = art.tensors
+    # Consecutive tensors are mostly in one file: its list is looked up when the file changes.
+    file: Path | None = None
+    ranges: list[tuple[int, int]] = []
     for name in names:
-        info = art.tensors[name]
+        info = tensors[name]
         planes = info.planes
-        if planes:
-            start = min(p.offset for p in planes) if len(planes) > 1 else planes[0].offset
-            end = max(p.offset + p.nbytes for p in planes)
-            spans.setdefault(info.file, []).append((start, end))
-        entry = ctx.entries.get(name) if ctx is not None else None
-        if entry is not None:
-            assert ctx is not None
-            source = ctx.source
+        if not planes:
+            continue
+        if info.file is not file:  # identity: equal paths only cost a second lookup
+            file = info.file
+            ranges = spans.setdefault(file, [])
+        if len(planes) == 1:
+            p = planes[0]
+            ranges.append((p.offset, p.offset + p.nbytes))
+        else:
+            ranges.append((min(p.offset for p in planes), max(p.offset + p.nbytes for p in planes)))
+    if ctx is not None:
+        entries, source = ctx.entries, ctx.source
+        stored = source.tensors
+        paths: dict[str, Path] = {}
+        current: str | None = None
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                continue
             for s in entry.sources:
-                t = source.tensors.get(s.name)
+                t = stored.get(s.name)
                 if t is not None and t.nbytes:
-                    path = paths.get(t.file)
-                    if path is None:
-                        path = paths[t.file] = source.file_path(t.file)
-                    spans.setdefault(path, []).append((t.offset, t.offset + t.nbytes))
+                    if t.file is not current:
+                        current = t.file
+                        path = paths.get(current)
+                        if path is None:
+                            path = paths[current] = source.file_path(current)
+                        ranges = spans.setdefault(path, [])
+                    ranges.append((t.offset, t.offset + t.nbytes))
     for path, ranges in spans.items():
         ranges.sort()
         first, last = ranges[0]

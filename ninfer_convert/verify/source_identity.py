@@ -219,7 +219,9 @@ def recorded_tensor_findings(art: Artifact, src: SourceCheckpoint, spec: str) ->
                     ),
                 )
             )
-        elif sinfo.dtype != rec.dtype or tuple(sinfo.shape) != tuple(rec.shape):
+        elif sinfo.dtype != rec.dtype or (
+            sinfo.shape != rec.shape and tuple(sinfo.shape) != tuple(rec.shape)
+        ):
             findings.append(
                 Finding.of(
                     "source-identity",
