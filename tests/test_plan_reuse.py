@@ -9,14 +9,16 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from recipe_fixtures import RECIPE_HEAD
 from st_helpers import write_safetensors
 
-from ninfer_convert.recipe import loads_recipe
+from ninfer_convert.recipe import loads_recipe, plan_entries
 from ninfer_convert.recipe.claiming import Claims
-from ninfer_convert.recipe.model import Problem
+from ninfer_convert.recipe.entries import PlanEntry
+from ninfer_convert.recipe.model import Problem, SourceField
 from ninfer_convert.recipe.plan_entries import EntryBuilder
-from ninfer_convert.source import open_source
+from ninfer_convert.source import SourceTensorInfo, open_source
 
 RULES = """\
 - match: 're:.*\\.up\\.weight'
@@ -69,7 +71,9 @@ def _source(root: Path) -> Path:
     return root
 
 
-def test_reused_entries_and_problems_equal_planning_each_alone(tmp_path: Path) -> None:
+def test_reused_entries_and_problems_equal_planning_each_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = open_source(_source(tmp_path / "m"))
     recipe = loads_recipe(RECIPE_HEAD + textwrap.dedent(RULES))
     claimed: list[Problem] = []
@@ -78,7 +82,16 @@ def test_reused_entries_and_problems_equal_planning_each_alone(tmp_path: Path) -
     assert claimed == []
 
     problems: list[Problem] = []
-    together = EntryBuilder(claims.candidates, problems).entries()
+    reused: list[str] = []
+    real = plan_entries._from_template
+
+    def counted(t: PlanEntry, output: str, info: SourceTensorInfo, fld: SourceField) -> PlanEntry:
+        reused.append(output)
+        return real(t, output, info, fld)
+
+    with monkeypatch.context() as m:
+        m.setattr(plan_entries, "_from_template", counted)
+        together = EntryBuilder(claims.candidates, problems).entries()
     alone: list = []
     alone_problems: list[Problem] = []
     for cand in claims.candidates:
@@ -89,5 +102,6 @@ def test_reused_entries_and_problems_equal_planning_each_alone(tmp_path: Path) -
     assert [e.to_dict() for e in together] == [e.to_dict() for e in alone]
     assert problems == alone_problems
     assert len(problems) == 4  # two F32 gates, two rank-one ups
-    reused = {(e.rule.index, e.source_dtype, e.sources[0].shape) for e in together}
-    assert len(reused) < len(together)  # the reuse path ran
+    # The reuse path ran: one entry per (rule, dtype, shape) planned, the others copied.
+    keys = {(e.rule.index, e.source_dtype, e.sources[0].shape) for e in together}
+    assert len(reused) == len(together) - len(keys) > 0
