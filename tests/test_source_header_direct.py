@@ -70,6 +70,7 @@ ORDINARY = [
     _one("é名", "F4", [3, 2], 3),
     _one("x", "U8", [0, 10**17], 0),
     _one("x" * 4096, "C64", [1], 8),
+    _one("\u00e9" * 4096, "U8", [2], 2),  # 4096 code points in 8192 bytes
     _one("big", "U8", [10**6, 10**6, 10**5], 10**17),
 ]
 
@@ -115,7 +116,9 @@ def _variants() -> list[bytes]:
         '"dtype": "U8", "shape": [12], "data_offsets": [0, 12345678901234567890]',
     ]
     out = [("{" + f'"t": {{{v}}}' + "}").encode() for v in bad_values]
-    names = ['""', '"a\\u0000"', '"a\x7fb"', '"a\\"b"', '"__metadata__"', '"\\ud800"', '"a\x01"']
+    # The longest name is 4096 code points: one more is refused, counted in code points.
+    names = ['"' + "x" * 4097 + '"', '"' + "\u00e9" * 4097 + '"', '"' + "\U0001f600" * 4097 + '"']
+    names += ['""', '"a\\u0000"', '"a\x7fb"', '"a\\"b"', '"__metadata__"', '"\\ud800"', '"a\x01"']
     out += [("{" + f"{n}: {{{good}}}" + "}").encode() for n in names]
     out += [
         ("{" + f'"t": {{{good}}}, "t": {{{good}}}' + "}").encode(),
