@@ -132,6 +132,18 @@ def _variants() -> list[bytes]:
         b'{"t": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}, "\xff": 1}',
         b'{"t\xc3": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}}',
     ]
+    # Only space, tab, newline and carriage return are JSON whitespace.
+    for space in ("\f", "\v", "\u00a0", "\u3000", "\x00"):
+        out += [
+            (space + "{" + f'"t": {{{good}}}' + "}").encode(),
+            ("{" + f'"t": {{{good}}}' + "}" + space).encode(),
+            ("{" + f'"t":{space}{{{good}}}' + "}").encode(),
+            (
+                "{"
+                + f'"t": {{"dtype": "BF16", "shape": [2,{space}3], "data_offsets": [0, 12]}}'
+                + "}"
+            ).encode(),
+        ]
     metas = [
         '{"a": 1}',
         '{"a": "b", "a": "c"}',
