@@ -105,3 +105,30 @@ def test_reused_entries_and_problems_equal_planning_each_alone(
     # The reuse path ran: one entry per (rule, dtype, shape) planned, the others copied.
     keys = {(e.rule.index, e.source_dtype, e.sources[0].shape) for e in together}
     assert len(reused) == len(together) - len(keys) > 0
+
+
+def test_reused_entries_name_their_own_shard(tmp_path: Path) -> None:
+    # Tensors of one (rule, dtype, shape) in two shard files: each entry's source names the
+    # file that holds its own tensor, not the file of the tensor its entry was copied from.
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    weight_map = {}
+    for n in (1, 2):
+        file = f"model-{n:05d}-of-00002.safetensors"
+        names = [f"model.layers.{2 * n + i}.gate.weight" for i in range(2)]
+        write_safetensors(root / file, {k: ("BF16", np.zeros(4, np.uint16)) for k in names})
+        weight_map.update(dict.fromkeys(names, file))
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    src = open_source(root)
+    recipe = loads_recipe(RECIPE_HEAD + textwrap.dedent(RULES))
+    claimed: list[Problem] = []
+    claims = Claims(recipe, src, claimed)
+    claims.claim_all()
+    problems: list[Problem] = []
+    entries = EntryBuilder(claims.candidates, problems).entries()
+    assert problems == [] and len(entries) == 4
+    for e in entries:
+        (s,) = e.sources
+        assert (s.name, s.file) == (e.output, weight_map[e.output])
