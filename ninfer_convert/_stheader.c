@@ -20,7 +20,8 @@
  *     exponent, at most 18 digits); the extent (product of the non-zero dimensions times the
  *     item size) at most 2**63 - 1, numel * bits a multiple of 8 and end - begin equal to
  *     numel * bits / 8 (any overflow declines);
- *   - in file order the tensors tile [0, data_len) exactly (an unsorted header declines).
+ *   - in file order the tensors tile [0, data_len) exactly (an unsorted header declines, and
+ *     so does a data_start or data_len that is negative or past 64 bits).
  *
  * Each tensor is built by one call of `make`: make(name, dtype, shape, begin, end) with
  * absolute offsets (data_start added) when `file` is None, else
@@ -452,7 +453,13 @@ stheader_safetensors(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long data_start = PyLong_AsLongLong(args[1]);
     long long data_len = PyLong_AsLongLong(args[2]);
     if ((data_start == -1 || data_len == -1) && PyErr_Occurred()) {
-        return NULL;
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return NULL;
+        }
+        /* A region past 64 bits (a file size no file has, from a record): declined, and
+           the reference refuses it with its own message. */
+        PyErr_Clear();
+        Py_RETURN_NONE;
     }
     const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Cur c = {raw, raw + PyBytes_GET_SIZE(args[0])};

@@ -215,3 +215,13 @@ def test_opaque_widths_are_the_reference_ones() -> None:
     # The C reader takes every dtype's width from header.py (one table).
     assert dict(zip(hdr._DTYPE_NAMES, hdr._DTYPE_BITS, strict=True))["F6_E2M3"] == 6
     assert set(OPAQUE_DTYPES) <= set(hdr._DTYPE_NAMES)
+
+
+@pytest.mark.parametrize("file_size", [2**63, 2**64 + 20])
+def test_a_file_size_past_64_bits_is_the_references_error(
+    file_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C reader declines a data region it cannot hold in 64 bits (no OverflowError): the
+    # reference refuses it as a region the tensors do not tile.
+    raw, _data = _header(1)
+    assert _same(raw, file_size, monkeypatch)[0] == "error"
