@@ -62,6 +62,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -86,7 +87,7 @@ from .convert_report import ConvertReport, OutputCheck, ProgressEvent
 from .convert_tensors import RunnerResult, Tally, TensorRunner, write_tensors
 from .derive import provenances, resolve_device
 from .encoder.parity import cuda_parity_gate
-from .errors import UsageError
+from .errors import SourceError, UsageError
 from .factors import attach_calibration, generated_files
 from .recipe import Plan, Recipe, build_plan
 from .signing import SIGNATURE_NAME, SignatureStatus, Signer, sign_directory
@@ -118,9 +119,26 @@ def plan_conversion(
     src = source if isinstance(source, SourceCheckpoint) else open_source(source)
     # Given a path, build_plan reports recipe-file and against-source problems together.
     plan = build_plan(recipe, src, check_identity=check_identity)
+    _check_recorded_names(plan)
     side_file_names(plan, src.side_files)  # a model-card name clash fails a dry run too
     names = {name for _, name in side_file_names(plan, src.side_files)}
     return src, attach_calibration(plan, names, importance, factors, str(src.path))
+
+
+def _check_recorded_names(plan: Plan) -> None:
+    """The source path and file names the artifact records (metadata, card, plan report) are
+    UTF-8 text: a name of other bytes (decoded with surrogate escapes) is refused here rather
+    than met as an encoding error in the size plan or the report."""
+    for text in (os.path.abspath(plan.source_path), *(name for name, _ in plan.source_files)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = text.encode("utf-8", "backslashreplace").decode("utf-8")  # printable
+            raise SourceError(
+                "the name is not valid UTF-8 (the artifact records it as text)",
+                path=shown,
+                hint="rename it, or convert from a path whose names are UTF-8",
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------------

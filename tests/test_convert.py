@@ -19,7 +19,7 @@ from st_helpers import write_safetensors
 from ninfer_convert import encode_grouped_words, open_artifact
 from ninfer_convert.cli import main
 from ninfer_convert.convert import convert_checkpoint, plan_conversion
-from ninfer_convert.errors import EncodeError, NinferError, UsageError
+from ninfer_convert.errors import EncodeError, NinferError, SourceError, UsageError
 from ninfer_convert.logical import DirectWords, GroupedCodes
 from ninfer_convert.source import open_source
 
@@ -167,6 +167,22 @@ def test_cli_failure_is_one_paragraph_with_the_error_class_exit_code(
     err = capsys.readouterr().err
     assert code == EncodeError.exit_code == 5
     assert "Traceback" not in err and "row 200" in err
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_source_path_that_is_not_utf8_is_a_source_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: bool
+) -> None:
+    """The artifact records the source path as text (metadata, card): a directory name of
+    other bytes is refused before the size plan, not met there as a UnicodeEncodeError."""
+    src = _dense_checkpoint(tmp_path / os.fsdecode(b"src\xff"))
+    args = ["convert", str(src), "--recipe", str(GENERIC_RECIPE), "--device", "cpu"]
+    args += ["--dry-run"] if dry_run else ["--output", str(tmp_path / "out")]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == SourceError.exit_code, err
+    assert "Traceback" not in err and "not valid UTF-8" in err and "src\\udcff" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_dry_run_json_plans_without_writing(

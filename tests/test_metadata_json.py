@@ -91,6 +91,10 @@ def test_the_tensor_map_takes_the_template_path(monkeypatch: pytest.MonkeyPatch)
         (_meta({"w": _t()}, x=math.nan), ValueError),
         (_meta({"w": _t(digest=object())}), TypeError),
         (_meta({"w": _t(), 1: _t()}), TypeError),
+        # After the map in sorted order: the position counts the map's bytes.
+        ({**_meta({"w": _t()}), "z": "\ud800"}, UnicodeEncodeError),
+        # A bad value before the map and one in it: the first in the whole's order is raised.
+        (_meta({"w": _t(shape=[10**5000])}, x=math.nan), ValueError),
     ],
 )
 def test_metadata_json_raises_what_canonical_json_raises(value: Any, error: type) -> None:

@@ -43,10 +43,19 @@ def metadata_json(value: Any) -> bytes:
     tensors = source.get("tensors")
     if type(tensors) is not dict or not tensors:
         return canonical_json(value)
-    body = _tensors_json(tensors)
+    try:
+        body = _tensors_json(tensors)
+        outer = (
+            b""
+            if body is None
+            else canonical_json({**value, "source": {**source, "tensors": _MARK}})
+        )
+    except (TypeError, ValueError):
+        # Raised as the whole raises it: the first bad value in its order, at its position (a
+        # lone surrogate's position counts the map's bytes when it comes after the map).
+        body = None
     if body is None:
         return canonical_json(value)
-    outer = canonical_json({**value, "source": {**source, "tensors": _MARK}})
     pieces = outer.split(_MARK_JSON)
     if len(pieces) != 2:  # the marker's text occurs elsewhere too
         return canonical_json(value)
