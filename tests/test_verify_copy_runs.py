@@ -16,7 +16,7 @@ from artifact_fixtures import rewrite_header
 
 import ninfer_convert.verify.runner as runner
 from ninfer_convert.container import open_artifact
-from ninfer_convert.container.wire import SINGLE_NAME
+from ninfer_convert.container.wire import SINGLE_NAME, digest_hex
 from ninfer_convert.convert import convert_checkpoint
 from ninfer_convert.source import open_source
 from ninfer_convert.verify import verify_artifact
@@ -226,3 +226,50 @@ def test_a_recorded_digest_that_differs_is_reported_for_exactly_its_tensor(
     assert found and {tensor for _, _, tensor, _ in found} == {victim}
     check = "integrity" if digest == "plane" else "source-identity"
     assert {c for c, *_ in found} == {check}
+
+
+@pytest.mark.parametrize("kind", ["weight", "bias"])
+def test_a_finite_only_copy_holding_a_nan_is_left_to_the_per_tensor_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Under finite-only a BF16 or FP32 copy is not its bytes alone: the per-tensor path tests
+    every value.  A NaN written into the source and the stored plane, with the plane and
+    source digests rewritten to match (a forged artifact), is that path's refusal, for that
+    tensor: no finite-only copy is proven by the batch, the other copies still are."""
+    src = _source(tmp_path / "src")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        RECIPE.replace(f"role: {kind}", f"role: {kind}\n    constraints: [finite-only]")
+    )
+    out = tmp_path / "out"
+    convert_checkpoint(src, recipe, out, device="cpu", jobs=2)
+    names = _names(out)
+    victim = [n for n in names if n.endswith("." + kind)][2]
+    nan = b"\xc0\x7f" if kind == "weight" else b"\x00\x00\xc0\x7f"  # BF16 / F32 quiet NaN
+    sinfo = open_source(src).tensors[victim]
+    with (src / sinfo.file).open("r+b") as f:
+        f.seek(sinfo.offset)
+        f.write(nan)
+        f.seek(sinfo.offset)
+        forged = f.read(sinfo.nbytes)
+    with open_artifact(out) as art:
+        plane = art.tensors[victim].planes[0]
+    with (out / SINGLE_NAME).open("r+b") as f:
+        f.seek(plane.offset)
+        f.write(forged)
+    digest = digest_hex(forged)
+
+    def edit(header: dict[str, Any]) -> None:
+        [entry] = [t for t in header["tensors"] if t["name"] == victim]
+        entry["planes"][0]["digest"] = digest
+        header["artifact"]["source"]["tensors"][victim]["digest"] = "xxh3-128:" + digest
+
+    rewrite_header(out / SINGLE_NAME, edit)
+    batched, alone, proven = _both(monkeypatch, out, src)
+    # The other kind's copies are still proven a batch at a time; no finite-only one is.
+    assert sorted(proven) == sorted(n for n in _copies(names) if not n.endswith("." + kind))
+    found = _findings(batched)
+    assert found == _findings(alone)
+    assert [(check, tensor) for check, _, tensor, _ in found] == [("source-words", victim)]
+    assert "finite-only" in found[0][1]
+    assert batched.exit_code == alone.exit_code == 6
