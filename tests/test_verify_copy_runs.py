@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from artifact_fixtures import rewrite_header
+from st_helpers import write_safetensors
 
 import ninfer_convert.verify.runner as runner
 from ninfer_convert.container import open_artifact
@@ -273,3 +274,75 @@ def test_a_finite_only_copy_holding_a_nan_is_left_to_the_per_tensor_path(
     assert [(check, tensor) for check, _, tensor, _ in found] == [("source-words", victim)]
     assert "finite-only" in found[0][1]
     assert batched.exit_code == alone.exit_code == 6
+
+
+def test_a_transposed_copy_stored_untransposed_is_the_per_tensor_path_s_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A square BF16 tensor stored transposed keeps its shape and size, but its words are not
+    the source bytes: a forged plane holding the source bytes as they are (plane digest
+    rewritten to theirs, so every digest agrees with the bytes) differs from the
+    re-derivation, found by the per-tensor path and never proven by the batch."""
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    rng = np.random.default_rng(9)
+    tensors = {
+        f"layers.{i:02d}.{kind}": ("BF16", rng.integers(0, 0x3F00, size=shape, dtype=np.uint16))
+        for i in range(8)
+        for kind, shape in (("weight", (2, 3)), ("sq", (4, 4)))
+    }
+    write_safetensors(root / "model.safetensors", tensors)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        RECIPE.split('  - match: "re:.*\\\\.bias"')[0]
+        + '  - match: "re:.*\\\\.sq"\n    format: BF16\n    transforms: [transpose]\n'
+        + "    role: weight\n"
+    )
+    out = tmp_path / "out"
+    convert_checkpoint(root, recipe, out, device="cpu", jobs=2)
+    victim = "layers.03.sq"
+    raw = tensors[victim][1].astype("<u2").tobytes()
+    with open_artifact(out) as art:
+        plane = art.tensors[victim].planes[0]
+    with (out / SINGLE_NAME).open("r+b") as f:
+        f.seek(plane.offset)
+        assert f.read(plane.nbytes) != raw  # stored transposed
+        f.seek(plane.offset)
+        f.write(raw)
+
+    def edit(header: dict[str, Any]) -> None:
+        [entry] = [t for t in header["tensors"] if t["name"] == victim]
+        entry["planes"][0]["digest"] = digest_hex(raw)
+
+    rewrite_header(out / SINGLE_NAME, edit)
+    batched, alone, proven = _both(monkeypatch, out, src=root)
+    assert sorted(proven) == sorted(n for n in tensors if n.endswith(".weight"))
+    found = _findings(batched)
+    assert found == _findings(alone)
+    assert [(check, tensor) for check, _, tensor, _ in found] == [("source-words", victim)]
+    assert "differs from its re-derivation" in found[0][1]
+
+
+def test_a_source_tensor_without_a_recorded_digest_is_the_per_tensor_path_s_finding(
+    converted: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata lists no digest for one copy's source tensor (header digest rewritten):
+    that tensor is not proven by the batch (nothing to compare its digest with), and the
+    report is the per-tensor path's, no crash."""
+    src, clean = converted
+    out = tmp_path / "out"
+    shutil.copytree(clean, out)
+    names = _copies(_names(out))
+    victim = names[len(names) // 2]
+
+    def edit(header: dict[str, Any]) -> None:
+        del header["artifact"]["source"]["tensors"][victim]
+
+    rewrite_header(out / SINGLE_NAME, edit)
+    batched, alone, proven = _both(monkeypatch, out, src)
+    assert sorted(proven) == sorted(n for n in names if n != victim)
+    found = _findings(batched)
+    assert found == _findings(alone)
+    assert found and {tensor for _, _, tensor, _ in found} == {victim}
+    assert any("records no digest" in message for _, message, *_ in found)
