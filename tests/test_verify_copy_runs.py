@@ -346,3 +346,56 @@ def test_a_source_tensor_without_a_recorded_digest_is_the_per_tensor_path_s_find
     assert found == _findings(alone)
     assert found and {tensor for _, _, tensor, _ in found} == {victim}
     assert any("records no digest" in message for _, message, *_ in found)
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit", "words"),
+    [
+        ("weight", lambda t: t.update(shape=[3, 2], physical=[3, 2]),
+         "shape [3, 2], the recipe gives [2, 3]"),
+        ("bias", lambda t: t.update(format="I32"), "format I32, the recipe gives FP32"),
+        ("weight", lambda t: t["provenance"].update(conversion="bf16-to-f32"),
+         "conversion bf16-to-f32, the recipe gives None"),
+        ("weight", lambda t: t["provenance"]["sources"][0].update(name="layers.00.weight"),
+         "made from ['layers.00.weight'], the recipe makes it from"),
+    ],
+)  # fmt: skip
+def test_a_word_deciding_header_field_that_differs_is_one_inventory_finding(
+    converted: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    edit: Any,
+    words: str,
+) -> None:
+    """A stored tensor whose format, shape, conversion or source names differ
+    from its plan entry (header digest rewritten, so only this check can tell) is the
+    inventory's finding for that tensor, whatever the quick agreement test decides; the
+    batch path reports what the per-tensor path reports."""
+    src, clean = converted
+    out = tmp_path / "out"
+    shutil.copytree(clean, out)
+    names = _names(out)
+    victim = [n for n in names if n.endswith("." + kind) and n != "layers.00.weight"]
+    if kind == "weight":
+        victim = [n for n in victim if _stored_shape(out, n) == (2, 3)]
+    target = victim[1]
+
+    def forge(h: dict[str, Any]) -> None:
+        [tensor] = [t for t in h["tensors"] if t["name"] == target]
+        edit(tensor)
+
+    rewrite_header(out / SINGLE_NAME, forge)
+    batched, alone, proven = _both(monkeypatch, out, src)
+    assert target not in proven
+    found = _findings(batched)
+    assert found == _findings(alone)
+    mine = [m for check, m, tensor, _ in found if check == "source-words" and tensor == target]
+    assert any(m.startswith("the header disagrees with the recorded recipe: ") and words in m
+               for m in mine), found  # fmt: skip
+    assert batched.exit_code == 6
+
+
+def _stored_shape(out: Path, name: str) -> tuple[int, ...]:
+    with open_artifact(out) as art:
+        return tuple(art.tensors[name].shape)
