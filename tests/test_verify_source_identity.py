@@ -142,6 +142,23 @@ def test_changed_source_config_is_a_source_finding(made: tuple[Path, Path, Path]
     assert any("side file 'config.json' differs" in m for _, m in got)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("shape", [64, 4], "source tensor 'w' is F32 [4, 64], recorded as F32 [64, 4]"),
+        ("dtype", "BF16", "source tensor 'w' is F32 [4, 64], recorded as BF16 [4, 64]"),
+    ],
+)
+def test_a_recorded_source_tensor_dtype_or_shape_that_differs_is_a_finding(
+    made: tuple[Path, Path, Path], field: str, value: Any, words: str
+) -> None:
+    out = made[2]
+    _edit_source_meta(out, lambda s: s["tensors"]["w"].update({field: value}))
+    report = run(out)
+    assert report.exit_code == 4
+    assert ("SourceError", words) in findings(report, "source-identity")
+
+
 def test_forged_source_file_sizes_and_names(made: tuple[Path, Path, Path]) -> None:
     out = made[2]
 
