@@ -16,7 +16,8 @@ Contract:
   is larger; page cache, since sources are mapped; and a task count) and the batching of
   consecutive small entries into one task are :mod:`.scheduler`'s, shared with verify; a
   batch's entries are reserved as runs (:meth:`~.container.ArtifactWriter.reserve_run`: one
-  reservation and buffer per run of one shard), derived one after the other by one worker
+  reservation and buffer per run of one shard; an entry whose planes exceed 256 KiB, larger
+  than its small source, alone in the file's pages), derived one after the other by one worker
   into the run's buffer and completed by one ``complete_run`` per run.  On the host paths
   (direct formats, conversions, derivations, copy paths, grouped encoding) a worker holds a
   few blocks, never a tensor or a plane, so peak memory follows the block size, not the tensor

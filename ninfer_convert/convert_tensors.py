@@ -11,7 +11,8 @@ publish) stays :func:`~ninfer_convert.convert.convert_checkpoint`'s.
 
 :func:`write_tensors` is the local pipeline (see the contract of :mod:`ninfer_convert.convert`):
 the calling thread reserves every entry in plan order (a batch of small entries as runs of one
-shard, :meth:`~.container.ArtifactWriter.reserve_run`), worker threads derive them into their
+shard, :meth:`~.container.ArtifactWriter.reserve_run`, but an entry whose planes exceed 256 KiB
+alone), worker threads derive them into their
 reserved planes (one task per batch) and the calling thread completes them in plan order.
 """
 
@@ -33,10 +34,11 @@ import numpy.typing as npt
 from .container import ArtifactWriter
 from .container.schema import Provenance
 from .container.shardfile import RunReservation
+from .container.shardwriter import _INLINE_BYTES
 from .container.writer import Reservation
 from .convert_report import ProgressEvent
 from .derive import derive_packed
-from .derive.entry import derive_into
+from .derive.entry import _plane_sizes, derive_into
 from .derive.fused import PlaneSink
 from .errors import EncodeError
 from .readahead import CHUNK, read_ahead
@@ -130,7 +132,8 @@ def write_tensors(
 
     A batch of small entries is reserved, derived and completed as runs
     (:meth:`~.container.ArtifactWriter.reserve_run`: one reservation, buffer and write per
-    run of one shard, one task per batch); every other entry alone, by ``reserve`` and
+    run of one shard, one task per batch), but for an entry whose planes exceed 256 KiB (its
+    source is small, see :func:`_reserve_batch`); every other entry alone, by ``reserve`` and
     ``complete`` (its planes in the file, filled through the reservation's sink)."""
     budget = inflight_budget(max((e.source_bytes for e in plan.entries), default=0))
     digests: dict[str, str] = {}
@@ -152,16 +155,10 @@ def write_tensors(
             # One read-ahead top-up per batch: it requests every batch up to this one.
             started = partial(workers.ahead.started, index)
             if len(batch.items) > 1:  # small entries only (see batches)
-                todo = [(e.output, e.format, e.shape, e.role, provs[e.output])
-                        for e in batch.items]  # fmt: skip
-                runs: list[RunReservation] = []
-                at = 0
-                while at < len(todo):  # more than one run where a new shard starts inside
-                    runs.append(writer.reserve_run(todo[at:] if at else todo))
-                    at += len(runs[-1].names)
-                reserved.append(list(runs))
+                units = _reserve_batch(writer, batch.items, provs)
+                reserved.append(units)
                 return workers.pool.submit(
-                    _guarded_runs, cancel, started, batch.items, runs, src, device, jobs
+                    _guarded_runs, cancel, started, batch.items, units, src, device, jobs
                 )
             (entry,) = batch.items
             # The tensor's bytes get their final place now, in plan order; the worker writes
@@ -193,6 +190,39 @@ def write_tensors(
             cancel.set()
             raise
     return digests
+
+
+def _reserve_batch(
+    writer: ArtifactWriter, items: Sequence[PlanEntry], provs: Mapping[str, Provenance]
+) -> list[Reservation | RunReservation]:
+    """Reserve a batch's entries in plan order: consecutive ones whose planes fit in process
+    memory (:data:`~.container.shardwriter._INLINE_BYTES`, as ``reserve`` decides) as runs,
+    more than one where a new shard starts inside; any other alone, in the file's mapped
+    pages.  A batch is small by its source bytes, not its planes: a U8 source is four times
+    larger as I32, NVFP4's padded scales up to fifteen (64 batches in flight of such runs held
+    about 0.5 GB of process memory)."""
+    units: list[Reservation | RunReservation] = []
+    at = 0
+    while at < len(items):
+        end = at
+        while end < len(items) and sum(_plane_sizes(items[end].format, items[end].shape)) <= (
+            _INLINE_BYTES
+        ):
+            end += 1
+        if end == at:
+            e = items[at]
+            units.append(writer.reserve(e.output, e.format, e.shape, role=e.role,
+                                        provenance=provs[e.output]))  # fmt: skip
+            at += 1
+            continue
+        todo = [(e.output, e.format, e.shape, e.role, provs[e.output]) for e in items[at:end]]
+        done = 0
+        while done < len(todo):
+            run = writer.reserve_run(todo[done:] if done else todo)
+            units.append(run)
+            done += len(run.names)
+        at = end
+    return units
 
 
 def _output_name(entry: PlanEntry) -> str:
@@ -277,12 +307,13 @@ def _guarded_runs(
     cancel: threading.Event,
     started: Callable[[], None],
     entries: tuple[PlanEntry, ...],
-    runs: list[RunReservation],
+    units: list[Reservation | RunReservation],
     source: SourceCheckpoint,
     device: str,
     threads: int,
 ) -> _Done:
-    """Derive a batch's entries, in order, into the planes of their runs."""
+    """Derive a batch's entries, in order, into the planes of their runs (a reservation
+    alone: through its sink)."""
     started()
     digests: dict[str, str] = {}
     spot = 0
@@ -290,8 +321,18 @@ def _guarded_runs(
     # A batch of small tensors is read with a few preads instead of two syscalls each (each
     # releasing and re-taking the GIL from the busy main thread).
     with source.preread(s.name for entry in entries for s in entry.sources):
-        for run in runs:
-            for planes in run.planes:
+        for unit in units:
+            if not isinstance(unit, RunReservation):
+                entry = next(todo)
+                if cancel.is_set():
+                    raise EncodeError("conversion cancelled", tensor=entry.output)
+                packed = derive_packed(entry, source, device=device, threads=threads,
+                                       seed=_seed(entry, device), out=unit.planes,
+                                       sink=unit.sink)  # fmt: skip
+                digests.update(packed.source_digests)
+                spot += packed.spot_rows
+                continue
+            for planes in unit.planes:
                 entry = next(todo)
                 if cancel.is_set():
                     raise EncodeError("conversion cancelled", tensor=entry.output)

@@ -260,3 +260,53 @@ def test_no_cyclic_garbage_per_tensor_while_the_collector_is_paused(
     assert {f.check for f in report.findings} >= {"integrity"}
     assert len(found) == 4
     assert max(found) < n // 4, found
+
+
+def test_small_source_with_planes_over_256_kib_is_not_held_in_a_run_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch entry is small by its source bytes; its planes may be far larger (U8 -> I32:
+    four times; NVFP4's padded scales: fifteen).  Such a tensor is reserved alone, through
+    the file's mapped pages as docs/container.md section 8 says, not in a run's buffer in
+    process memory (64 batches in flight held about 0.5 GB that way)."""
+    from ninfer_convert.container import writer as writer_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    rng = np.random.default_rng(5)
+    tensors = {
+        "a_s": ("BF16", rng.integers(0, 1 << 16, (3,), dtype=np.uint16)),
+        "b_i": ("U8", rng.integers(0, 256, (100 << 10,), dtype=np.uint8)),  # 400 KiB of I32
+        "c_s": ("BF16", rng.integers(0, 1 << 16, (5,), dtype=np.uint16)),
+        "d_i": ("U8", rng.integers(0, 256, (70 << 10,), dtype=np.uint8)),
+        "e_i": ("U8", rng.integers(0, 256, (9,), dtype=np.uint8)),
+        "f_h": ("F16", rng.standard_normal((2, 3)).astype("<f2")),
+        "g_q": ("F16", rng.standard_normal((1, 64)).astype("<f2")),
+    }
+    write_safetensors(src / "model.safetensors", tensors)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE + "  - match: re:.*_i\n    format: I32\n    conversion: int-to-i32\n"
+                      "    role: weight\n")  # fmt: skip
+    _, plan = plan_conversion(src, recipe)
+    assert len(list(batches(plan.entries, lambda e: e.source_bytes))) == 1  # one batch
+    in_runs: list[int] = []
+    real_run = writer_module.ArtifactWriter.reserve_run
+
+    def spy(self: Any, todo: Any) -> Any:
+        run = real_run(self, todo)
+        in_runs.extend(run.sizes)
+        return run
+
+    monkeypatch.setattr(writer_module.ArtifactWriter, "reserve_run", spy)
+    for jobs in (1, 2):
+        out = tmp_path / f"out{jobs}"
+        convert_checkpoint(src, recipe, out, device="cpu", jobs=jobs)
+        with open_artifact(out) as art:
+            assert list(art.tensors) == sorted(tensors)
+            for name, (_dtype, words) in tensors.items():
+                if name.endswith("_i"):
+                    stored = bytes(art.plane_buffer(name, "words"))
+                    assert stored == words.astype("<i4").tobytes(), name
+    assert in_runs and max(in_runs) <= 256 << 10, in_runs
+    assert _files(tmp_path / "out1") == _files(tmp_path / "out2")
