@@ -314,6 +314,25 @@ def place_tensors(
 
 
 # The fast path is inline: a helper call per tensor cost about as much as it saves.
+def _place_next(
+    cursors: list[int],
+    shards: list[list[str]],
+    json_sizes: list[int],
+    sizes: Sequence[int],
+    alignment: int,
+    max_shard_size: int | None,
+) -> tuple[list[int], int]:
+    """The next tensor's plane offsets and end in :func:`planned_size`'s last shard, a new
+    shard opened (its cursor, names and entry-JSON size appended) when the writer would."""
+    offsets, end = _placement(cursors[-1], sizes, alignment)
+    if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
+        cursors.append(PRELUDE_SIZE)
+        shards.append([])
+        json_sizes.append(0)
+        offsets, end = _placement(PRELUDE_SIZE, sizes, alignment)
+    return offsets, end
+
+
 # long: one loop per tensor over the shard state, the fast path and the whole-entry path
 def planned_size(
     tensors: Iterable[tuple[str, str, Sequence[int], str, Provenance | Mapping[str, Any]]],
@@ -354,12 +373,9 @@ def planned_size(
         kind = None if fast is None else kinds.get(fast)
         if kind is not None:
             sizes = kind.sizes
-            offsets, end = _placement(cursors[-1], sizes, alignment)
-            if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
-                cursors.append(PRELUDE_SIZE)
-                shards.append([])
-                json_sizes.append(0)
-                offsets, end = _placement(PRELUDE_SIZE, sizes, alignment)
+            offsets, end = _place_next(
+                cursors, shards, json_sizes, sizes, alignment, max_shard_size
+            )
             prov = cast(Provenance, provenance)  # _fast_key admits no other
             raw = fill(kind.template, name, offsets, (prov.sources[0].name,))
             if planned is not None:
@@ -387,12 +403,9 @@ def planned_size(
                     geometry[key] = known
             layout, dims, specs, physical = known
             sizes = [s.nbytes for s in specs]
-            offsets, end = _placement(cursors[-1], sizes, alignment)
-            if _starts_new_shard(bool(shards[-1]), end, max_shard_size):
-                cursors.append(PRELUDE_SIZE)
-                shards.append([])
-                json_sizes.append(0)
-                offsets, end = _placement(PRELUDE_SIZE, sizes, alignment)
+            offsets, end = _place_next(
+                cursors, shards, json_sizes, sizes, alignment, max_shard_size
+            )
             entry = TensorEntry(
                 name=name,
                 format=fmt_name,
